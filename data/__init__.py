@@ -1,0 +1,28 @@
+"""Data layer: text sources, the tokenizer, packed token streams and batches."""
+
+from data.corpus import HOLDOUT_EVERY, VALIDATION_PLAYS, load_texts, shakespeare_plays
+from data.token_stream import BatchSampler, PackedTokens, bits_per_byte, default_cache_dir, prepare_split
+from data.tokenizer import (
+    DEFAULT_TOKENIZER_DIR,
+    SPECIAL_TOKENS,
+    load_tokenizer,
+    tokenizer_fingerprint,
+    train_tokenizer,
+)
+
+__all__ = [
+    "DEFAULT_TOKENIZER_DIR",
+    "HOLDOUT_EVERY",
+    "SPECIAL_TOKENS",
+    "VALIDATION_PLAYS",
+    "BatchSampler",
+    "PackedTokens",
+    "bits_per_byte",
+    "default_cache_dir",
+    "load_texts",
+    "load_tokenizer",
+    "prepare_split",
+    "shakespeare_plays",
+    "tokenizer_fingerprint",
+    "train_tokenizer",
+]

@@ -67,9 +67,18 @@ def local_files(data_path: str) -> list[Path]:
         raise UserError(f"{data_path}: no .jsonl, .json, .txt or .parquet data there; {NO_SOURCE_HINT}")
     if len(kinds) > 1:
         raise UserError(f"{data_path}: mixes {', '.join(sorted(kinds))} files; keep one kind per folder")
-    if all(f.stat().st_size == 0 for f in files):
+    if not any(map(_has_content, files)):
         raise UserError(f"{data_path}: is empty; it needs at least one document of text")
     return files
+
+
+def _has_content(path: Path) -> bool:
+    """Whether a file holds anything but whitespace; stops at the first chunk that does, so it is cheap."""
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return True
+    return False
 
 
 def source_identity(data_path: str | None) -> dict:
@@ -113,7 +122,7 @@ def reading(data_path: str | None):
     json_log.setLevel(logging.CRITICAL)  # it logs the bare parse error before raising; we report it once
     try:
         yield
-    except (datasets.exceptions.DatasetGenerationError, pa.ArrowException) as err:
+    except (datasets.exceptions.DatasetGenerationError, pa.ArrowException, UnicodeDecodeError) as err:
         if is_embedded(data_path) or not Path(data_path).expanduser().exists():
             raise
         files = local_files(data_path)
@@ -139,15 +148,13 @@ def _load_hub(spec: str, split: str, streaming: bool):
             ) from None
     try:  # offline without a cached copy raises ConnectionError, an unknown config ValueError
         available = datasets.get_dataset_split_names(name, config or None)
-        holdout = bool(source) or "validation" not in available
-        theirs = "validation" if split == "validation" and not holdout else source or "train"
-        if theirs not in available:
-            raise UserError(f"{spec}: has no split {theirs!r}, only {', '.join(available)}")
-        return datasets.load_dataset(name, config or None, split=theirs, streaming=streaming), holdout
-    except UserError:
-        raise
     except (ConnectionError, ValueError) as err:
         raise UserError(f"{spec}: cannot load it from the Hub ({str(err).splitlines()[0]}); {NO_SOURCE_HINT}") from None
+    holdout = bool(source) or "validation" not in available
+    theirs = "validation" if split == "validation" and not holdout else source or "train"
+    if theirs not in available:
+        raise UserError(f"{spec}: has no split {theirs!r}, only {', '.join(available)}")
+    return datasets.load_dataset(name, config or None, split=theirs, streaming=streaming), holdout
 
 
 def _open(data_path: str | None, split: str, streaming: bool):
@@ -181,7 +188,7 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text", stre
         columns = ds.column_names
         if columns is None:  # a streamed JSON source knows its columns only once it has read a record
             columns = list(next(iter(ds), None) or ())
-        if not columns or (not streaming and len(ds) == 0):
+        if not columns or _is_empty(ds):
             raise UserError(f"{where}: has no documents")
         if text_field not in columns:
             raise UserError(f"{where}: no field {text_field!r}; its fields are {', '.join(columns)} (pick one with --text_field)")
@@ -189,11 +196,17 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text", stre
         if text_field != "text":
             ds = ds.rename_column(text_field, "text")
         ds = ds.filter(lambda texts: [bool(t) for t in texts], input_columns="text", batched=True)
+        if _is_empty(ds):
+            raise UserError(f"{where}: has no text; every document's {text_field!r} is empty")
         if holdout:
             keep_validation = split == "validation"
             ds = ds.filter(lambda _, indices: [(i % HOLDOUT_EVERY == 0) == keep_validation for i in indices],
                            input_columns="text", with_indices=True, batched=True)
-        if next(iter(ds), None) is None if streaming else len(ds) == 0:
-            hint = " (a source without a validation split needs 2 or more documents)" if holdout else ""
-            raise UserError(f"{where}: no text in its {split} split{hint}")
+            if _is_empty(ds):  # only train can come out empty: document 0 always goes to validation
+                raise UserError(f"{where}: has a single document; it needs 2 or more to hold one out for validation")
     return ds
+
+
+def _is_empty(ds) -> bool:
+    """Whether a dataset has no rows; a streamed one is read only up to its first row."""
+    return next(iter(ds), None) is None

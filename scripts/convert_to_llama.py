@@ -12,12 +12,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-import model  # noqa: E402,F401  (registers MiniMind with the Auto classes)
-from model import MiniMindForCausalLM  # noqa: E402
-from trainer.cli import UserError, run_cli  # noqa: E402
-from trainer.fs import staged_directory  # noqa: E402
+import model  # noqa: F401  (registers MiniMind with the Auto classes)
+from model import MiniMindForCausalLM
+from trainer.cli import UserError, run_cli
+from trainer.fs import staged_directory
 
 WHY_NOT = {
     "layernorm": "LayerNorm subtracts the mean and has a bias; Llama's RMSNorm has neither",

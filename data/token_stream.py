@@ -1,0 +1,187 @@
+"""Tokenize a split once into a flat, memory-mapped token file, and draw training batches from it."""
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+import torch
+from tqdm import tqdm
+
+from data.corpus import load_texts, reading, source_identity
+from data.tokenizer import tokenizer_fingerprint
+from trainer.cli import UserError
+
+CACHE_FORMAT = 1  # bump when the packing or splitting rules change, so old caches are not reused
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("MINIMIND_CACHE") or Path.home() / ".cache" / "minimind-norm")
+
+
+@dataclass(frozen=True)
+class PackedTokens:
+    """A split's documents as one token array, each document followed by the end-of-text token.
+
+    num_bytes counts the UTF-8 bytes of the documents only; num_tokens counts the separators too, since
+    the model predicts them, so loss averaged over all tokens / ln 2 / bytes_per_token is bits per byte.
+    """
+
+    path: Path
+    tokens: np.memmap
+    num_tokens: int
+    num_bytes: int
+    num_docs: int
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.num_bytes / self.num_tokens
+
+
+def bits_per_byte(loss: float, bytes_per_token: float) -> float:
+    """Convert a mean cross-entropy per token (nats) to bits per UTF-8 byte of text."""
+    return loss / math.log(2) / bytes_per_token
+
+
+def _write_atomically(path: Path, write):
+    """Call write(file) on a temporary file next to path, then rename it into place: readers never see half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            result = write(f)
+        os.chmod(tmp, 0o644)  # mkstemp makes the file private; the cache is plain, shareable data
+        os.replace(tmp, path)
+        return result
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _open_cached(path: Path) -> PackedTokens | None:
+    """The finished cache entry at path, or None. Its metadata is written after the tokens, so it marks completion."""
+    meta_path = path.with_suffix(".json")
+    if not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text())
+    dtype = np.dtype(meta["dtype"])
+    if not path.is_file() or path.stat().st_size != meta["num_tokens"] * dtype.itemsize:
+        return None
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    return PackedTokens(path, tokens, meta["num_tokens"], meta["num_bytes"], meta["num_docs"])
+
+
+def _pack(texts, tokenizer, dtype: np.dtype, out, num_proc: int, streaming: bool, split: str) -> dict:
+    """Tokenize every document, append end-of-text, write the ids to out; return the counts."""
+    eot = tokenizer.eos_token_id
+
+    def encode(batch):
+        ids = tokenizer(batch, add_special_tokens=False)["input_ids"]
+        return {"ids": [doc + [eot] for doc in ids], "num_bytes": [len(text.encode()) for text in batch]}
+
+    features = datasets.Features({"ids": datasets.List(datasets.Value(dtype.name)), "num_bytes": datasets.Value("int64")})
+    options = {} if streaming else {"num_proc": num_proc if num_proc > 1 else None, "desc": f"tokenizing {split}"}
+    encoded = texts.map(encode, batched=True, input_columns="text", remove_columns=["text"], features=features, **options)
+    counts = {"num_tokens": 0, "num_bytes": 0, "num_docs": 0}
+    # Streaming has no progress bar of its own; for a Dataset this one shows the (fast) writing pass.
+    with tqdm(total=None if streaming else len(encoded), desc=f"packing {split}", unit="doc") as progress:
+        for batch in encoded.with_format("arrow").iter(batch_size=1000):
+            ids = pc.list_flatten(batch["ids"]).to_numpy()
+            ids.astype(dtype, copy=False).tofile(out)
+            counts["num_tokens"] += len(ids)
+            counts["num_bytes"] += pc.sum(batch["num_bytes"]).as_py()
+            counts["num_docs"] += batch.num_rows
+            progress.update(batch.num_rows)
+    return counts
+
+
+def prepare_split(
+    data_path: str | None,
+    split: str,
+    tokenizer,
+    text_field: str = "text",
+    cache_dir: str | Path | None = None,
+    num_proc: int | None = None,
+    streaming: bool = False,
+) -> PackedTokens:
+    """A split tokenized and packed, from the cache when this source, split and tokenizer were packed before.
+
+    The cache key covers the source's identity (local files' paths, sizes and mtimes; a Hub name), the
+    split, text_field and the tokenizer's fingerprint, so editing the data or the tokenizer re-tokenizes.
+    cache_dir defaults to $MINIMIND_CACHE or ~/.cache/minimind-norm. Under DDP, call it on one rank first.
+    """
+    num_proc = num_proc or min(2, os.cpu_count() or 1)
+    key = {
+        "format": CACHE_FORMAT,
+        "source": source_identity(data_path),
+        "split": split,
+        "text_field": text_field,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "eot": tokenizer.eos_token_id,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = cache_dir / f"{split}-{digest}.bin"
+    packed = _open_cached(path)
+    if packed is not None:
+        return packed
+    texts = load_texts(data_path, split, text_field, streaming)
+    dtype = np.dtype(np.uint16 if len(tokenizer) <= 2**16 else np.uint32)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with reading(data_path):
+        counts = _write_atomically(path, lambda f: _pack(texts, tokenizer, dtype, f, num_proc, streaming, split))
+    meta = {**counts, "dtype": dtype.name, "key": key}
+    _write_atomically(path.with_suffix(".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    return _open_cached(path)
+
+
+class BatchSampler:
+    """Batches of fixed-length windows from a packed split: x = window[:-1], y = window[1:], [batch, seq_len] longs.
+
+    Random mode draws window starts uniformly from a numpy Generator seeded by (seed, rank), so every DDP
+    rank draws different windows and a rerun draws the same. Sequential mode walks the non-overlapping
+    windows [k*seq_len, (k+1)*seq_len] in order, window k going to rank k % world_size, wrapping at the end.
+    state_dict() captures the generator and position, so a restored sampler continues with the same batches.
+    """
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int = 0,
+                 rank: int = 0, world_size: int = 1, sequential: bool = False):
+        if len(tokens) < seq_len + 1:
+            raise UserError(f"the split has {len(tokens)} tokens, fewer than seq_len + 1 = {seq_len + 1}; "
+                            "use a shorter sequence length or more data")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
+        self.rank, self.world_size, self.sequential = rank, world_size, sequential
+        self.rng = np.random.default_rng([seed, rank])
+        self.position = 0  # windows this rank has taken in sequential mode
+
+    @property
+    def num_windows(self) -> int:
+        """Non-overlapping windows in one sequential pass over the split (all ranks together)."""
+        return (len(self.tokens) - 1) // self.seq_len
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.sequential:
+            k = (self.position + np.arange(self.batch_size)) * self.world_size + self.rank
+            starts = k % self.num_windows * self.seq_len
+            self.position += self.batch_size
+        else:
+            starts = self.rng.integers(0, len(self.tokens) - self.seq_len, size=self.batch_size)
+        windows = torch.from_numpy(np.stack([self.tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64))
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.position = state["position"]

@@ -1,0 +1,317 @@
+"""Data layer: corpus loading and splits, tokenizer, packed token cache, batches, and bad-input errors."""
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+import data.token_stream
+from data import (
+    DEFAULT_TOKENIZER_DIR,
+    VALIDATION_PLAYS,
+    BatchSampler,
+    bits_per_byte,
+    load_texts,
+    load_tokenizer,
+    prepare_split,
+    shakespeare_plays,
+    tokenizer_fingerprint,
+)
+from trainer.cli import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+EOT = "<|endoftext|>"
+
+
+def write_jsonl(path: Path, records) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return str(path)
+
+
+# --- corpus ---------------------------------------------------------------------------------------
+
+
+def test_embedded_corpus_splits_by_play():
+    plays = shakespeare_plays()
+    assert len(plays) == 38 and plays == sorted(plays)
+    train, validation = load_texts(None, "train"), load_texts("default", "validation")
+    assert (len(train), len(validation)) == (36, 2)
+    assert sum(len(t.encode()) for t in validation["text"]) == 292_860
+    assert all(t.isascii() for t in validation["text"])
+    # Raw Markdown as shipped, in path order: romances/the-tempest sorts before tragedies/hamlet.
+    raw = {p.stem: p.read_bytes().decode() for p in plays}
+    assert list(validation["text"]) == [raw["the-tempest"], raw["hamlet"]]
+    assert set(train["text"]) == {t for name, t in raw.items() if name not in VALIDATION_PLAYS}
+    assert [r["text"] for r in load_texts("", "validation", streaming=True)] == list(validation["text"])
+
+
+def test_jsonl_holds_out_every_hundredth_document(tmp_path):
+    records = [{"content": f"doc {i}", "id": i} for i in range(150)] + [{"content": ""}]
+    path = write_jsonl(tmp_path / "docs.jsonl", records)
+    train = list(load_texts(path, "train", text_field="content")["text"])
+    validation = list(load_texts(path, "validation", text_field="content")["text"])
+    assert validation == ["doc 0", "doc 100"]
+    assert train == [f"doc {i}" for i in range(150) if i % 100]
+    streamed = [r["text"] for r in load_texts(path, "train", text_field="content", streaming=True)]
+    assert streamed == train
+
+
+def test_two_documents_give_one_validation_document(tmp_path):
+    path = write_jsonl(tmp_path / "two.jsonl", [{"text": "first"}, {"text": "second"}])
+    assert list(load_texts(path, "validation")["text"]) == ["first"]
+    assert list(load_texts(path, "train")["text"]) == ["second"]
+
+
+def test_txt_documents_are_paragraphs(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("first para\nstill first\n\nsecond\n\n\n\nthird\n")
+    assert list(load_texts(str(path), "validation")["text"]) == ["first para\nstill first"]
+    assert list(load_texts(str(path), "train")["text"]) == ["second", "third\n"]
+
+
+def test_parquet_and_folder(tmp_path):
+    pq.write_table(pa.table({"body": ["a", "b", "c"], "n": [1, 2, 3]}), tmp_path / "t.parquet")
+    assert list(load_texts(str(tmp_path / "t.parquet"), "train", text_field="body")["text"]) == ["b", "c"]
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    write_jsonl(folder / "b.jsonl", [{"text": "b0"}, {"text": "b1"}])
+    write_jsonl(folder / "a.jsonl", [{"text": "a0"}, {"text": "a1"}])
+    assert list(load_texts(str(folder), "train")["text"]) == ["a1", "b0", "b1"]  # sorted files, global index
+
+
+def test_hub_dataset_uses_its_validation_split(monkeypatch):
+    import datasets
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", lambda self, name, timeout: None)
+    fake = {"train": datasets.Dataset.from_dict({"story": [f"t{i}" for i in range(3)]}),
+            "validation": datasets.Dataset.from_dict({"story": ["v0", "v1"]})}
+    loaded = []
+
+    def load_dataset(name, config, split, streaming):
+        loaded.append((name, config, split))
+        return fake[split]
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(datasets, "get_dataset_split_names", lambda name, config: list(fake))
+    assert list(load_texts("owner/stories:en", "validation", text_field="story")["text"]) == ["v0", "v1"]
+    assert list(load_texts("owner/stories", "train", text_field="story")["text"]) == ["t0", "t1", "t2"]
+    assert loaded == [("owner/stories", "en", "validation"), ("owner/stories", None, "train")]
+    del fake["validation"]  # no validation split: held out of train
+    assert list(load_texts("owner/stories", "validation", text_field="story")["text"]) == ["t0"]
+
+
+# --- tokenizer ------------------------------------------------------------------------------------
+
+
+def test_shipped_tokenizer():
+    tokenizer = AutoTokenizer.from_pretrained(str(DEFAULT_TOKENIZER_DIR))
+    assert len(tokenizer) == 6400
+    assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
+    assert tokenizer.eos_token == EOT and tokenizer.eos_token_id == 0
+    hamlet = next(p for p in shakespeare_plays() if p.stem == "hamlet").read_text()
+    for text in (hamlet[:20_000], "  two spaces,\ttab\r\nCRLF, naïve ☕ 😀 "):
+        ids = tokenizer(text)["input_ids"]
+        assert ids[0] != tokenizer.bos_token_id  # nothing is prepended
+        assert tokenizer.decode(ids) == text
+    assert load_tokenizer().backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
+
+
+def test_tiny_tokenizer_round_trips(tiny_tokenizer, tiny_texts):
+    assert len(tiny_tokenizer) == 400
+    for text in tiny_texts[-3:]:
+        assert tiny_tokenizer.decode(tiny_tokenizer(text)["input_ids"]) == text
+
+
+# --- packed token stream ----------------------------------------------------------------------
+
+
+def test_packed_stream_round_trips(tmp_path, tiny_corpus, tiny_tokenizer):
+    texts = list(load_texts(tiny_corpus, "train")["text"])
+    packed = prepare_split(tiny_corpus, "train", tiny_tokenizer, cache_dir=tmp_path, num_proc=2)
+    assert packed.tokens.dtype == np.uint16 and isinstance(packed.tokens, np.memmap)
+    assert tiny_tokenizer.decode(packed.tokens.tolist()) == EOT.join(texts) + EOT
+    assert (packed.num_docs, packed.num_tokens) == (len(texts), len(packed.tokens))
+    assert packed.num_bytes == sum(len(t.encode()) for t in texts)
+    assert packed.bytes_per_token == packed.num_bytes / packed.num_tokens
+    meta = json.loads(packed.path.with_suffix(".json").read_text())
+    assert (meta["num_tokens"], meta["num_bytes"], meta["dtype"]) == (packed.num_tokens, packed.num_bytes, "uint16")
+    single = prepare_split(tiny_corpus, "train", tiny_tokenizer, cache_dir=tmp_path / "one", num_proc=1)
+    streamed = prepare_split(tiny_corpus, "train", tiny_tokenizer, cache_dir=tmp_path / "stream", streaming=True)
+    assert np.array_equal(single.tokens, packed.tokens) and np.array_equal(streamed.tokens, packed.tokens)
+
+
+def test_embedded_validation_with_shipped_tokenizer(tmp_path):
+    packed = prepare_split(None, "validation", load_tokenizer(), cache_dir=tmp_path)
+    assert packed.num_bytes == 292_860 and packed.num_docs == 2
+    assert 2.5 < packed.bytes_per_token < 4
+
+
+def test_cache_is_reused_and_invalidated(tmp_path, monkeypatch, tiny_corpus, tiny_tokenizer_dir):
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    first = prepare_split(tiny_corpus, "validation", tokenizer, cache_dir=tmp_path)
+    with monkeypatch.context() as patch:
+        patch.setattr(data.token_stream, "load_texts", lambda *args: pytest.fail("re-tokenized a cached split"))
+        again = prepare_split(tiny_corpus, "validation", tokenizer, cache_dir=tmp_path)
+    assert again.path == first.path and np.array_equal(again.tokens, first.tokens)
+    # MINIMIND_CACHE is the default cache dir.
+    monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path))
+    assert prepare_split(tiny_corpus, "validation", tokenizer).path == first.path
+    # A changed tokenizer, or an edited source file, gets a new entry.
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    tokenizer.add_tokens(["Prospero"])
+    assert tokenizer_fingerprint(tokenizer) != fingerprint
+    assert prepare_split(tiny_corpus, "validation", tokenizer).path != first.path
+    os.utime(tiny_corpus, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert prepare_split(tiny_corpus, "validation", load_tokenizer(tiny_tokenizer_dir)).path != first.path
+
+
+def test_half_written_cache_is_ignored(tmp_path, tiny_corpus, tiny_tokenizer):
+    packed = prepare_split(tiny_corpus, "validation", tiny_tokenizer, cache_dir=tmp_path)
+    expected = np.array(packed.tokens)
+    # A crash mid-write leaves a temp file; one before the metadata, a token file with no .json.
+    stale = packed.path.with_name(packed.path.name + ".crashed.tmp")
+    stale.write_bytes(b"\xff" * 10)
+    packed.path.with_suffix(".json").unlink()
+    packed.path.write_bytes(b"\xff" * 6)
+    again = prepare_split(tiny_corpus, "validation", tiny_tokenizer, cache_dir=tmp_path)
+    assert np.array_equal(again.tokens, expected)
+    assert stale.read_bytes() == b"\xff" * 10  # never read nor overwritten
+
+
+# --- batches --------------------------------------------------------------------------------------
+
+
+def test_batches_are_shifted_windows():
+    tokens = np.arange(1000, dtype=np.uint16)
+    x, y = next(BatchSampler(tokens, batch_size=4, seq_len=16, seed=1))
+    assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.long
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
+
+
+def test_ranks_draw_different_windows_reproducibly():
+    tokens = np.arange(10_000, dtype=np.uint16)
+    rank0, rank1 = (BatchSampler(tokens, 8, 32, seed=7, rank=r, world_size=2) for r in (0, 1))
+    x0, x1 = next(rank0)[0], next(rank1)[0]
+    assert not set(x0[:, 0].tolist()) & set(x1[:, 0].tolist())
+    assert torch.equal(next(BatchSampler(tokens, 8, 32, seed=7, rank=0, world_size=2))[0], x0)
+
+
+def test_sequential_windows_interleave_ranks_and_wrap():
+    tokens = np.arange(41, dtype=np.uint16)  # 4 windows of 10
+    ranks = [BatchSampler(tokens, 1, 10, rank=r, world_size=2, sequential=True) for r in (0, 1)]
+    starts = [[next(s)[0][0, 0].item() for _ in range(3)] for s in ranks]
+    assert starts == [[0, 20, 0], [10, 30, 10]]
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_state_dict_resumes_exactly(sequential):
+    tokens = np.arange(5000, dtype=np.uint16)
+    sampler = BatchSampler(tokens, 4, 64, seed=3, sequential=sequential)
+    for _ in range(3):
+        next(sampler)
+    buffer = io.BytesIO()
+    torch.save(sampler.state_dict(), buffer)
+    expected = [next(sampler) for _ in range(3)]
+    resumed = BatchSampler(tokens, 4, 64, seed=99, sequential=sequential)
+    resumed.load_state_dict(torch.load(io.BytesIO(buffer.getvalue())))
+    for (x, y), (rx, ry) in zip(expected, (next(resumed) for _ in range(3)), strict=True):
+        assert torch.equal(x, rx) and torch.equal(y, ry)
+
+
+def test_split_shorter_than_a_window():
+    with pytest.raises(UserError, match="fewer than seq_len"):
+        BatchSampler(np.arange(64, dtype=np.uint16), 2, 64)
+
+
+def test_bits_per_byte():
+    assert bits_per_byte(3 * math.log(2), 3.0) == pytest.approx(1.0)
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+def test_bad_sources(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "blank.txt").write_text("\n\n  \n")
+    (tmp_path / "latin1.txt").write_bytes("fine\n\ncaf\u00e9\n".encode("latin-1"))
+    cases = {
+        str(tmp_path / "missing.jsonl"): "no such file",
+        str(tmp_path / "empty.jsonl"): "is empty",
+        str(tmp_path / "blank.txt"): "is empty",
+        str(tmp_path / "latin1.txt"): "cannot read it .*utf-8",
+        write_jsonl(tmp_path / "blanks.jsonl", [{"text": ""}, {"text": None}]): "has no text",
+        write_jsonl(tmp_path / "one.jsonl", [{"text": "alone"}]): "single document",
+        write_jsonl(tmp_path / "fields.jsonl", [{"body": "x", "id": 1}]): "no field 'text'; its fields are body, id",
+    }
+    for path, message in cases.items():
+        for streaming in (False, True):
+            with pytest.raises(UserError, match=message):
+                load_texts(path, "train", streaming=streaming)
+
+
+def test_malformed_jsonl_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": "fine"}\n{"text": oops}\n{"text": "fine"}\n')
+    for streaming in (False, True):
+        with pytest.raises(UserError, match=rf"{path}:3: malformed JSON"):
+            list(load_texts(str(path), "train", streaming=streaming))
+    array = tmp_path / "bad.json"
+    array.write_text('[{"text": "a"},\n {"text": b}]\n')
+    with pytest.raises(UserError, match=rf"{array}:2: malformed JSON"):
+        load_texts(str(array), "train")
+
+
+def test_unreachable_hub_fails_fast(monkeypatch):
+    import huggingface_hub
+
+    start = time.monotonic()
+    with pytest.raises(UserError, match="minimind-norm-tests/no-such-dataset"):
+        load_texts("minimind-norm-tests/no-such-dataset", "train")  # offline here; not found when online
+    assert time.monotonic() - start < 30
+
+    def no_network(self, name, timeout):
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", no_network)
+    with pytest.raises(UserError, match="Hub is unreachable.*embedded corpus"):
+        load_texts("owner/name", "train")
+
+
+def test_bad_tokenizer_dir(tmp_path):
+    with pytest.raises(UserError, match="not a tokenizer directory"):
+        load_tokenizer(tmp_path / "nope")
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(UserError, match="cannot load the tokenizer"):
+        load_tokenizer(tmp_path)
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "scripts/train_tokenizer.py", *args], cwd=REPO, capture_output=True, text=True)
+
+
+def test_train_tokenizer_cli_bad_input(tmp_path):
+    out_dir = tmp_path / "out"
+    for bad in (["--data_path", str(tmp_path / "missing.jsonl")], ["--vocab_size", "100"]):
+        result = run_script(*bad, "--out_dir", str(out_dir))
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.returncode != 0 and len(errors) == 1 and "Traceback" not in result.stderr
+        assert not out_dir.exists()
+
+
+def test_train_tokenizer_cli(tmp_path, tiny_corpus):
+    result = run_script("--data_path", tiny_corpus, "--vocab_size", "300", "--out_dir", str(tmp_path / "tok"))
+    assert result.returncode == 0, result.stderr
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    assert len(tokenizer) == 300 and tokenizer.decode(tokenizer("Full fathom five")["input_ids"]) == "Full fathom five"

@@ -1,0 +1,205 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+import model  # noqa: F401  (registers MiniMind with the Auto classes)
+from trainer.optim import build_optimizer, lr_at
+from trainer.tracking import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = [sys.executable, str(REPO / "trainer" / "train_pretrain.py")]
+TINY_MODEL = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2",
+              "--num_key_value_heads", "1", "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "2",
+              "--num_proc", "1"]
+
+
+@pytest.fixture(scope="session")
+def env(tmp_path_factory):
+    """Subprocess environment: a private token cache, and no wandb credentials or mode from the host."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    e["MINIMIND_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    e["HOME"] = str(tmp_path_factory.mktemp("home"))  # no ~/.netrc with a wandb key
+    return e
+
+
+@pytest.fixture
+def tiny_args(tiny_corpus, tiny_tokenizer_dir):
+    return ["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, *TINY_MODEL]
+
+
+def run(args, env, **kw):
+    return subprocess.run(TRAIN + [str(a) for a in args], env=env, capture_output=True, text=True, cwd=REPO, **kw)
+
+
+def losses(out_dir, split="train"):
+    return [r["loss"] for r in read_metrics(Path(out_dir) / "metrics.jsonl") if r["split"] == split]
+
+
+def test_short_run_loss_falls_and_checkpoint_loads(tmp_path, env, tiny_args):
+    out = tmp_path / "run"
+    result = run([*tiny_args, "--out_dir", out, "--max_steps", 40, "--log_interval", 5, "--eval_interval", 20,
+                  "--learning_rate", 3e-3, "--warmup_steps", 5], env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    train, val = losses(out), losses(out, "val")
+    assert len(train) == 8 and len(val) == 2
+    assert train[-1] < train[0] - 0.5 and val[-1] < val[0]
+    records = read_metrics(out / "metrics.jsonl")
+    last = [r for r in records if r["split"] == "train"][-1]
+    assert len(last["residual_rms"]) == 2 and len(last["layer_grad_norm"]) == 2
+    assert all(v > 0 for v in last["residual_rms"] + last["layer_grad_norm"])
+    assert last["tokens_per_s"] > 0 and last["peak_mem_mb"] > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["step"] == 40 and not summary["diverged"] and summary["val_bpb"] > 0
+    loaded = AutoModelForCausalLM.from_pretrained(out / "checkpoint")
+    assert loaded.config.hidden_size == 32
+    assert (out / "checkpoint" / "tokenizer.json").is_file() and (out / "layers.png").is_file()
+
+
+def test_exact_resume(tmp_path, env, tiny_args):
+    common = [*tiny_args, "--log_interval", 1, "--eval_interval", 100, "--save_interval", 100,
+              "--learning_rate", 3e-3, "--warmup_steps", 2]
+    straight, halves = tmp_path / "straight", tmp_path / "halves"
+    assert run([*common, "--out_dir", straight, "--max_steps", 8], env).returncode == 0
+    first = run([*common, "--out_dir", halves, "--max_steps", 4, "--lr_decay_steps", 8], env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run([*common, "--out_dir", halves, "--max_steps", 8, "--lr_decay_steps", 8, "--resume"], env)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert len(losses(straight)) == 8
+    assert losses(halves) == losses(straight)  # bit-identical, step by step
+    a = load_file(straight / "checkpoint" / "model.safetensors")
+    b = load_file(halves / "checkpoint" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [p.name for p in halves.iterdir() if p.name.startswith("step-")] == ["step-000008"]
+
+
+def test_sigterm_saves_checkpoint_and_exits_zero(tmp_path, env, tiny_args):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(TRAIN + [str(a) for a in [*tiny_args, "--out_dir", out, "--max_steps", 100000,
+                                                        "--log_interval", 1, "--save_interval", 100000]],
+                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").exists() or not losses(out):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] and 0 < summary["step"] < 100000
+    loaded = AutoModelForCausalLM.from_pretrained(out / "checkpoint")
+    state = torch.load(out / "checkpoint" / "training_state.pt", weights_only=False)
+    assert state["step"] == summary["step"] and loaded.config.num_hidden_layers == 2
+
+
+def test_divergence_stops_with_clear_message_and_keeps_checkpoint(tmp_path, env, tiny_args):
+    out = tmp_path / "run"
+    result = run([*tiny_args, "--out_dir", out, "--max_steps", 60, "--save_interval", 1, "--log_interval", 1,
+                  "--learning_rate", 1e6, "--warmup_steps", 3, "--grad_clip", 0, "--norm", "none"], env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: loss or gradient became non-finite") and "learning_rate" in lines[-1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["diverged"] and 1 <= summary["step"] < 60
+    state = torch.load(out / "checkpoint" / "training_state.pt", weights_only=False)
+    assert state["step"] == summary["step"]  # the last completed step; the failing one never touched the weights
+    assert all(torch.isfinite(t).all() for t in load_file(out / "checkpoint" / "model.safetensors").values())
+
+
+def test_metrics_file_and_offline_wandb_run(tmp_path, env, tiny_args):
+    out = tmp_path / "run"
+    result = run([*tiny_args, "--out_dir", out, "--max_steps", 6, "--log_interval", 2, "--eval_interval", 3,
+                  "--use_wandb", "--wandb_group", "g1", "--wandb_run_name", "probe"], env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(losses(out)) == 3 and len(losses(out, "val")) == 2
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    blob = b"".join(p.read_bytes() for p in runs[0].glob("*.wandb"))
+    # the binary log holds every key we logged (train, per-layer, validation, and the figure)
+    for key in (b"loss", b"grad_norm", b"residual_rms/01", b"layer_grad_norm/00", b"bpb", b"layers", b"probe"):
+        assert key in blob, key
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--max_steps", "-5"], "--max_steps"),
+    (["--norm", "batchnorm"], "--norm"),
+    (["--batch_size", "0"], "--batch_size"),
+    (["--num_attention_heads", "3"], "--num_attention_heads"),
+])
+def test_bad_flags_one_line(tmp_path, env, tiny_args, flags, needle):
+    out = tmp_path / "never"
+    result = run([*tiny_args, "--out_dir", out, *flags], env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.stderr
+    assert not out.exists()
+
+
+def test_unwritable_out_dir(tmp_path, env, tiny_args):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = run([*tiny_args, "--out_dir", blocker / "run"], env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "not writable" in lines[0]
+
+
+DDP_PROBE = """
+import os, sys, torch
+sys.path.insert(0, {repo!r})
+import trainer.train_pretrain as tp
+from data import BatchSampler
+
+seen, built = [], []
+draw = BatchSampler.__next__
+def spy(self):
+    x, y = draw(self)
+    if not self.sequential:
+        seen.append(x.tolist())
+    return x, y
+BatchSampler.__next__ = spy
+build = tp.build_model
+tp.build_model = lambda *a: built.append(build(*a)) or built[-1]
+tp.train(tp.parse_args(sys.argv[1:]))
+torch.save({{"seen": seen, "state": built[0].state_dict()}}, os.path.join({out!r}, f"rank{{os.environ['RANK']}}.pt"))
+"""
+
+
+def test_ddp_two_processes_gloo(tmp_path, env, tiny_args):
+    probe = tmp_path / "probe.py"
+    probe.write_text(textwrap.dedent(DDP_PROBE.format(repo=str(REPO), out=str(tmp_path))))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe),
+           *tiny_args, "--out_dir", str(tmp_path / "run"), "--max_steps", "4", "--accumulation_steps", "2",
+           "--device", "cpu"]
+    result = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=REPO,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    r0, r1 = (torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in (0, 1))
+    assert len(r0["seen"]) == len(r1["seen"]) == 8  # 4 steps x 2 micro-batches
+    assert all(a != b for a, b in zip(r0["seen"], r1["seen"], strict=True))  # different data per rank
+    assert all(torch.equal(r0["state"][k], r1["state"][k]) for k in r0["state"])  # identical weights
+    assert (tmp_path / "run" / "checkpoint" / "model.safetensors").is_file()
+    assert not (tmp_path / "run" / "metrics.jsonl").read_text().count('"step": 4') > 2  # only rank 0 logged
+
+
+def test_lr_schedule_and_decay_groups():
+    assert lr_at(0, 100, 1.0, 0.1, 10) == pytest.approx(0.1)
+    assert lr_at(9, 100, 1.0, 0.1, 10) == pytest.approx(1.0)
+    assert lr_at(100, 100, 1.0, 0.1, 10) == pytest.approx(0.1)
+    assert lr_at(55, 100, 1.0, 0.1, 10) == pytest.approx(0.55)
+    m = model.MiniMindForCausalLM(model.MiniMindConfig(vocab_size=64, hidden_size=32, num_attention_heads=2,
+                                                       num_key_value_heads=1, num_hidden_layers=1,
+                                                       norm_type="layernorm"))
+    decay, no_decay = build_optimizer(m, 1e-3, 0.1, fused=False).param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim == 2 for p in decay["params"])
+    assert any(p is m.model.embed_tokens.weight for p in no_decay["params"])
+    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == sum(p.numel() for p in m.parameters())

@@ -1,0 +1,62 @@
+"""Checkpoints that survive a crash and resume exactly.
+
+out_dir/checkpoint is a symlink to the newest complete step folder, e.g. out_dir/step-000800/, which is an
+ordinary Hugging Face model directory (config.json, model.safetensors, tokenizer) plus training_state.pt
+(optimizer, step, sampler and RNG states, wandb run id). A new step folder is written under a hidden name,
+renamed when complete, and only then does the symlink flip (an atomic rename), so a crash at any moment
+leaves the previous checkpoint intact.
+"""
+
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model import MiniMindForCausalLM
+from trainer.fs import point_symlink, staged_directory
+
+LINK = "checkpoint"
+STATE_FILE = "training_state.pt"
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(out_dir: Path, model: MiniMindForCausalLM, tokenizer, training_state: dict) -> Path:
+    out_dir = Path(out_dir)
+    name = f"step-{training_state['step']:06d}"
+    final = out_dir / name
+    if final.exists():  # e.g. a signal arrived right after a scheduled save of the same step
+        shutil.rmtree(final)
+    with staged_directory(final) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save({**training_state, "rng": rng_state()}, tmp / STATE_FILE)
+    link = out_dir / LINK
+    previous = link.resolve() if link.is_symlink() else None
+    point_symlink(link, name)
+    if previous is not None and previous != final.resolve():
+        shutil.rmtree(previous, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(out_dir: Path) -> tuple[MiniMindForCausalLM, dict]:
+    """The model (fp32, exactly as saved) and the training state; the caller restores RNGs when it is ready."""
+    path = Path(out_dir) / LINK
+    model = MiniMindForCausalLM.from_pretrained(path, dtype=torch.float32)
+    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+    return model, state

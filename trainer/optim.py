@@ -1,0 +1,30 @@
+"""AdamW with the usual decay split, and the warmup + cosine learning-rate schedule."""
+
+import math
+
+import torch
+from torch import nn
+
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float, fused: bool) -> torch.optim.AdamW:
+    """Weight decay only on weight matrices of linear layers.
+
+    Exempt: norm gains and biases and DyT's alpha (1-D; decaying them pulls the norm toward zero output), and the
+    token embedding (tied to lm_head here: decaying it shrinks rare tokens' vectors that seldom get a gradient).
+    """
+    embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 and id(p) not in embedding else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # fused=True runs the whole update as one CUDA kernel per group; it has no CPU advantage.
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+
+
+def lr_at(step: int, max_steps: int, lr: float, min_lr: float, warmup_steps: int) -> float:
+    """Linear warmup over warmup_steps (step 0 gets lr/warmup_steps), then cosine decay to min_lr at max_steps."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))

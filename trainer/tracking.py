@@ -1,0 +1,97 @@
+"""Where metrics go: always a JSONL file in the run's folder, and Weights & Biases when asked.
+
+wandb's own default mode is never used: with no API key on a terminal it blocks on a login prompt, and with a
+key but no network it retries for 90 s. Here the mode is decided up front (online only with a key), online
+init is bounded, and any failure falls back to offline with one warning line.
+"""
+
+import json
+import netrc
+import os
+import sys
+from pathlib import Path
+
+ONLINE_INIT_TIMEOUT_S = 20
+
+
+def wandb_key_configured() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        path = os.environ.get("NETRC")
+        return netrc.netrc(path).authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def wandb_mode() -> str:
+    """An explicit WANDB_MODE wins (offline / disabled / online); otherwise online only if a key is configured."""
+    mode = os.environ.get("WANDB_MODE")
+    if mode in ("online", "offline", "disabled"):
+        return mode
+    return "online" if wandb_key_configured() else "offline"
+
+
+def flatten(record: dict) -> dict:
+    """{'residual_rms': [a, b]} -> {'residual_rms/00': a, 'residual_rms/01': b}: one wandb chart per layer."""
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, list):
+            flat.update({f"{key}/{i:02d}": v for i, v in enumerate(value)})
+        else:
+            flat[key] = value
+    return flat
+
+
+class Tracker:
+    """Appends every record to out_dir/metrics.jsonl and mirrors it to a wandb run."""
+
+    def __init__(self, out_dir: Path, use_wandb: bool, config: dict, project: str, name: str,
+                 group: str | None, run_id: str | None):
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.file = self.path.open("a")
+        self.run = self._init_wandb(out_dir, config, project, name, group, run_id) if use_wandb else None
+
+    @staticmethod
+    def _init_wandb(out_dir, config, project, name, group, run_id):
+        import wandb
+
+        kwargs = dict(project=project, name=name, group=group, config=config, dir=str(out_dir),
+                      id=run_id, resume="allow" if run_id else None)
+        mode = wandb_mode()
+        if mode == "online":
+            try:
+                return wandb.init(mode="online", settings=wandb.Settings(init_timeout=ONLINE_INIT_TIMEOUT_S,
+                                                                          silent=True), **kwargs)
+            except Exception as err:  # any network/auth failure: keep training, log offline
+                first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                print(f"warning: wandb online init failed ({first_line}); logging offline instead", file=sys.stderr)
+                mode = "offline"
+        return wandb.init(mode=mode, settings=wandb.Settings(silent=True), **kwargs)
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.id if self.run is not None else None
+
+    def log(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.run is not None:
+            self.run.log(flatten(record), step=record["step"])
+
+    def log_figure(self, key: str, path: Path, step: int) -> None:
+        if self.run is not None:
+            import wandb
+
+            self.run.log({key: wandb.Image(str(path))}, step=step)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+
+def read_metrics(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

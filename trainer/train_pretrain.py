@@ -1,0 +1,321 @@
+"""Pretrain a MiniMind decoder: one process, or many under torchrun (DDP).
+
+    python trainer/train_pretrain.py                                   # Shakespeare, CPU preset, minutes
+    python trainer/train_pretrain.py --norm layernorm --norm_position post
+    torchrun --nproc_per_node=8 trainer/train_pretrain.py --data_path roneneldan/TinyStories
+
+The loop lives in train(args), which the ablation runner calls too.
+"""
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from data import BatchSampler, bits_per_byte, load_tokenizer, prepare_split
+from model import MiniMindConfig, MiniMindForCausalLM, count_norms
+from model.model_minimind import NORM_MODULES
+from trainer.args import CPU_HIDDEN_SIZE, GPU_HIDDEN_SIZE, parse_args
+from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from trainer.cli import UserError, run_cli
+from trainer.diagnostics import (
+    block_grad_norms,
+    flops_per_token,
+    peak_flops,
+    peak_memory_mb,
+    residual_rms,
+)
+from trainer.evaluation import evaluate
+from trainer.optim import build_optimizer, lr_at
+from trainer.plots import plot_layer_profiles
+from trainer.tracking import Tracker, read_metrics
+
+# ---------------------------------------------------------------------------------------------------------
+# Process setup
+
+
+def setup_distributed(device_arg: str) -> tuple[int, int, torch.device]:
+    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; NCCL on CUDA, gloo on CPU."""
+    if device_arg == "auto":
+        device_arg = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_arg.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device_arg}: CUDA is not available here; use --device cpu")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return 0, 1, torch.device(device_arg)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = torch.device(f"cuda:{local_rank}") if device_arg.startswith("cuda") else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), world_size, device
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if name == "float16" and device.type != "cuda":
+        raise UserError("--dtype float16 needs CUDA (it relies on a GradScaler); use float32 or bfloat16 on CPU")
+    return getattr(torch, name)
+
+
+class StopFlag:
+    """SIGTERM / SIGINT ask the loop to save and exit after the current step instead of dying mid-write."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training
+
+
+def build_model(args, tokenizer, device: torch.device) -> MiniMindForCausalLM:
+    try:
+        config = MiniMindConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=args.hidden_size or (GPU_HIDDEN_SIZE if device.type == "cuda" else CPU_HIDDEN_SIZE),
+            num_hidden_layers=args.num_hidden_layers,
+            num_attention_heads=args.num_attention_heads,
+            num_key_value_heads=args.num_key_value_heads,
+            norm_type=args.norm,
+            norm_position=args.norm_position,
+            max_position_embeddings=max(args.max_seq_len, 32768),
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
+        )
+    except ValueError as err:
+        raise UserError(str(err).replace("num_", "--num_").replace("hidden_size", "--hidden_size")) from err
+    torch.manual_seed(args.seed)
+    return MiniMindForCausalLM(config)
+
+
+def keep_metrics_up_to(path: Path, step: int) -> None:
+    """On resume, drop records the interrupted run logged after its last checkpoint (they are redone)."""
+    if path.exists():
+        kept = [r for r in read_metrics(path) if r["step"] <= step]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, path)
+
+
+def train(args) -> dict:
+    """Run one training job; returns a summary (also written to out_dir/summary.json on rank 0)."""
+    rank, world_size, device = setup_distributed(args.device)
+    master = rank == 0
+    dtype = resolve_dtype(args.dtype, device)
+    if dtype == torch.bfloat16 and device.type == "cpu" and master:
+        print("warning: bf16 autocast on a CPU without bf16 matmul units is much slower than float32", file=sys.stderr)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    out_dir = Path(args.out_dir)
+
+    tokenizer = load_tokenizer(args.tokenizer_path)
+    # Rank 0 tokenizes (and caches) first; the other ranks then read the finished cache.
+    if not master:
+        barrier()
+    train_data = prepare_split(args.data_path, "train", tokenizer, args.text_field, num_proc=args.num_proc)
+    val_data = prepare_split(args.data_path, "validation", tokenizer, args.text_field, num_proc=args.num_proc)
+    if master:
+        barrier()
+
+    sampler = BatchSampler(train_data.tokens, args.batch_size, args.max_seq_len, seed=args.seed, rank=rank,
+                           world_size=world_size)
+    if args.resume:
+        raw_model, state = load_checkpoint(out_dir)
+    else:
+        raw_model, state = build_model(args, tokenizer, device), None
+    raw_model.to(device).train()
+    cfg = raw_model.config
+    optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay, fused=device.type == "cuda")
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    step, train_time, run_id = 0, 0.0, None
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        sampler.load_state_dict(state["sampler"][rank])
+        step, train_time, run_id = state["step"], state["train_time"], state["wandb_run_id"]
+        set_rng_state(state["rng"])
+
+    model = torch.compile(raw_model) if args.compile else raw_model
+    if world_size > 1:
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    num_params = sum(p.numel() for p in raw_model.parameters())
+    norm_params = sum(p.numel() for m in raw_model.modules() if isinstance(m, NORM_MODULES) for p in m.parameters())
+    tokens_per_step = args.batch_size * args.max_seq_len * args.accumulation_steps * world_size
+    step_flops = flops_per_token(num_params, cfg.num_hidden_layers, cfg.hidden_size, args.max_seq_len) * tokens_per_step
+    peak = peak_flops(device, dtype)
+    val_bpt = val_data.bytes_per_token
+
+    tracker = None
+    if master:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if args.resume:
+            keep_metrics_up_to(out_dir / "metrics.jsonl", step)
+        run_name = args.wandb_run_name or f"{cfg.norm_type}-{cfg.norm_position}-s{args.seed}"
+        config = {**vars(args), "num_params": num_params, "norm_params": norm_params,
+                  "num_norms": count_norms(raw_model), "hidden_size": cfg.hidden_size, "world_size": world_size,
+                  "device": str(device), "dtype": str(dtype).removeprefix("torch.")}
+        tracker = Tracker(out_dir, args.use_wandb, config, args.wandb_project, run_name, args.wandb_group, run_id)
+        print(f"model: {num_params / 1e6:.2f}M parameters, {count_norms(raw_model)} x {cfg.norm_type} "
+              f"({cfg.norm_position}-norm), hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | "
+              f"{device} {str(dtype).removeprefix('torch.')} x{world_size} | train {train_data.num_tokens:,} tokens, "
+              f"val {val_data.num_tokens:,} tokens ({val_bpt:.2f} bytes/token)")
+
+    def save() -> None:
+        samplers = [None] * world_size
+        if world_size > 1:
+            dist.all_gather_object(samplers, sampler.state_dict())
+        else:
+            samplers = [sampler.state_dict()]
+        if master:
+            save_checkpoint(out_dir, raw_model, tokenizer, {
+                "step": step, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                "sampler": samplers, "train_time": train_time, "wandb_run_id": tracker.run_id, "args": vars(args),
+            })
+
+    def run_eval() -> dict:
+        loss = evaluate(raw_model, val_data.tokens, args.batch_size, args.max_seq_len, args.eval_steps, device,
+                        autocast)
+        record = {"step": step, "split": "val", "loss": loss, "bpb": bits_per_byte(loss, val_bpt),
+                  "train_time_s": train_time}
+        tracker.log(record)
+        return record
+
+    stop = StopFlag()
+    diverged = stop_requested = False
+    last_val, window_losses, window_tokens, window_start = None, [], 0, train_time
+    pbar = tqdm(total=args.max_steps, initial=step, disable=not master, desc="train", dynamic_ncols=True)
+    t0 = time.perf_counter()
+    try:
+        while step < args.max_steps:
+            lr = lr_at(step, args.lr_decay_steps or args.max_steps, args.learning_rate, args.min_lr, args.warmup_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            log_now = master and ((step + 1) % args.log_interval == 0 or step + 1 == args.max_steps)
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(args.accumulation_steps):
+                x, y = (t.to(device, non_blocking=True) for t in next(sampler))
+                last_micro = micro == args.accumulation_steps - 1
+                # Gradients are all-reduced only on the last micro-step; the others just accumulate locally.
+                sync = nullcontext() if last_micro or world_size == 1 else model.no_sync()
+                with sync, autocast:
+                    out = model(input_ids=x, shift_labels=y, output_hidden_states=log_now and last_micro)
+                    loss = out.loss / args.accumulation_steps
+                scaler.scale(loss).backward()
+                loss_sum += loss.detach()
+            # One small all-reduce per step: the mean loss for logging and any rank's stop request, so all ranks
+            # agree on when to stop (a rank that stopped alone would hang the others).
+            status = torch.stack([loss_sum.float(), torch.tensor(float(stop.requested), device=device)])
+            if world_size > 1:
+                dist.all_reduce(status)
+            step_loss, stop_requested = status[0].item() / world_size, status[1].item() > 0
+            scaler.unscale_(optimizer)
+            layer_grads = block_grad_norms(raw_model.model.layers) if log_now else None  # before clipping
+            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip or math.inf)
+            # Stop before a non-finite update reaches the weights (with fp16 the GradScaler skips such steps).
+            if not math.isfinite(step_loss) or not (scaler.is_enabled() or torch.isfinite(grad_norm)):
+                diverged = True
+                break
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            now = time.perf_counter()
+            train_time += now - t0
+            t0 = now
+            window_losses.append(step_loss)
+            window_tokens += tokens_per_step
+            pbar.update(1)
+            pbar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.1e}")
+
+            if log_now:
+                window_time = max(train_time - window_start, 1e-9)
+                tokens_per_s = window_tokens / window_time
+                record = {
+                    "step": step, "split": "train", "loss": sum(window_losses) / len(window_losses), "lr": lr,
+                    "grad_norm": grad_norm.item(), "tokens_per_s": tokens_per_s,
+                    "mfu": step_flops * len(window_losses) / window_time / peak if peak else None,
+                    "peak_mem_mb": peak_memory_mb(device), "train_time_s": train_time, "tokens": step * tokens_per_step,
+                    "residual_rms": residual_rms(out.hidden_states, cfg.num_hidden_layers),
+                    "layer_grad_norm": layer_grads,
+                }
+                tracker.log(record)
+                pbar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:.0f}")
+                window_losses, window_tokens, window_start = [], 0, train_time
+            if master and (step % args.eval_interval == 0 or step == args.max_steps):
+                last_val = run_eval()
+            if step % args.save_interval == 0 or step == args.max_steps or stop_requested:
+                save()
+            if stop_requested:
+                break
+            t0 = time.perf_counter()  # evaluation and saving do not count as training time
+    finally:
+        pbar.close()
+        stop.restore()
+
+    summary = None
+    if master:
+        records = read_metrics(out_dir / "metrics.jsonl")
+        train_records = [r for r in records if r["split"] == "train"]
+        if train_records:
+            figure = out_dir / "layers.png"
+            plot_layer_profiles({tracker.run.name if tracker.run else out_dir.name: records}, figure)
+            tracker.log_figure("layers", figure, step)
+        summary = {
+            "step": step, "max_steps": args.max_steps, "diverged": diverged, "interrupted": stop_requested,
+            "train_loss": train_records[-1]["loss"] if train_records else None,
+            "val_loss": last_val["loss"] if last_val else None, "val_bpb": last_val["bpb"] if last_val else None,
+            "tokens_per_s": step * tokens_per_step / train_time if train_time else None,
+            "s_per_step": train_time / step if step else None, "train_time_s": train_time,
+            "num_params": num_params, "norm_params": norm_params, "num_norms": count_norms(raw_model),
+            "norm": cfg.norm_type, "norm_position": cfg.norm_position, "seed": args.seed,
+            "out_dir": str(out_dir),
+        }
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        tracker.close()
+    return summary
+
+
+def main() -> None:
+    args = parse_args()
+    summary = train(args)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if summary is not None and summary["diverged"]:
+        raise UserError(
+            f"loss or gradient became non-finite at step {summary['step'] + 1}; the last checkpoint in {args.out_dir} "
+            "is kept. Lower --learning_rate, raise --warmup_steps or set --grad_clip"
+        )
+
+
+if __name__ == "__main__":
+    run_cli(main)
