@@ -10,7 +10,6 @@ with identical data, seed list and step budget; any trainer flag passes through.
 re-run with the same out_dir, so an interrupted study picks up where it stopped.
 """
 
-import argparse
 import copy
 import json
 import statistics
@@ -33,7 +32,7 @@ ALL_VARIANTS = [f"{pos}-{norm}" for pos in NORM_POSITIONS for norm in sorted(NOR
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+    p = ArgumentParser(description=__doc__, allow_abbrev=False,
                        epilog="All other flags are trainer flags (see python trainer/train_pretrain.py --help).")
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
                    help=f"<position>-<norm> names, or 'all' for every one of: {' '.join(ALL_VARIANTS)}")

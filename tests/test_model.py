@@ -187,8 +187,13 @@ def test_bf16_autocast_forward_backward_on_cpu(norm_type):
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-def test_export_to_llama_same_logits(tmp_path):
-    model = tiny_model()
+@pytest.mark.parametrize("norm_type", ["rmsnorm", "rmsnorm_noparam"])
+def test_export_to_llama_same_logits(tmp_path, norm_type):
+    model = tiny_model(norm_type=norm_type)
+    with torch.no_grad():  # trained-looking gains, so a dropped or misplaced norm weight would show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
     model.save_pretrained(tmp_path / "src")
     result = subprocess.run([sys.executable, "scripts/convert_to_llama.py", tmp_path / "src", tmp_path / "dst"],
                             capture_output=True, text=True)

@@ -16,7 +16,6 @@ GPU_HIDDEN_SIZE = 512
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         description="Pretrain a MiniMind decoder (default: on Shakespeare's plays, embedded, offline).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     data = p.add_argument_group("data")
     data.add_argument("--data_path", default=None,

@@ -15,10 +15,12 @@ import numpy as np
 import torch
 
 from model import MiniMindForCausalLM
+from trainer.cli import UserError
 from trainer.fs import point_symlink, staged_directory
 
 LINK = "checkpoint"
 STATE_FILE = "training_state.pt"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def rng_state() -> dict:
@@ -60,3 +62,18 @@ def load_checkpoint(out_dir: Path) -> tuple[MiniMindForCausalLM, dict]:
     model = MiniMindForCausalLM.from_pretrained(path, dtype=torch.float32)
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     return model, state
+
+
+def resolve_model_dir(path: Path) -> Path:
+    """The directory holding config.json and the weights: path itself, or the trainer's path/checkpoint."""
+    if not path.exists():
+        raise UserError(f"{path}: no such directory; pass the trainer's --out_dir or a checkpoint folder")
+    if not path.is_dir():
+        raise UserError(f"{path}: is not a directory; pass the trainer's --out_dir or a checkpoint folder")
+    if not (path / "config.json").is_file() and (path / LINK).is_dir():
+        path = path / LINK
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path}: not a model directory (no config.json, no {LINK}/); has the run saved a checkpoint?")
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise UserError(f"{path}: has config.json but no weights (none of {', '.join(WEIGHT_FILES)})")
+    return path

@@ -9,8 +9,22 @@ class UserError(ValueError):
     """A problem with the user's input: reported as one line, exit status 2, no traceback."""
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's line breaks and appends each flag's default, unless there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is a UserError (one line) instead of usage text plus a message."""
+    """argparse with one-line errors (a bad flag is a UserError, not usage text) and HelpFormatter by default."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         raise UserError(f"{message} (see --help)")

@@ -29,6 +29,7 @@ from model.model_minimind import NORM_MODULES
 from trainer.args import CPU_HIDDEN_SIZE, GPU_HIDDEN_SIZE, parse_args
 from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from trainer.cli import UserError, run_cli
+from trainer.device import autocast, pick_device, resolve_dtype
 from trainer.diagnostics import (
     block_grad_norms,
     flops_per_token,
@@ -45,18 +46,14 @@ from trainer.tracking import Tracker, read_metrics
 # Process setup
 
 
-def setup_distributed(device_arg: str) -> tuple[int, int, torch.device]:
+def setup_distributed(device_name: str) -> tuple[int, int, torch.device]:
     """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; NCCL on CUDA, gloo on CPU."""
-    if device_arg == "auto":
-        device_arg = "cuda" if torch.cuda.is_available() else "cpu"
-    if device_arg.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {device_arg}: CUDA is not available here; use --device cpu")
+    device = pick_device(device_name)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
-        return 0, 1, torch.device(device_arg)
-    local_rank = int(os.environ["LOCAL_RANK"])
-    device = torch.device(f"cuda:{local_rank}") if device_arg.startswith("cuda") else torch.device("cpu")
+        return 0, 1, device
     if device.type == "cuda":
+        device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
@@ -66,16 +63,6 @@ def setup_distributed(device_arg: str) -> tuple[int, int, torch.device]:
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        if device.type != "cuda":
-            return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if name == "float16" and device.type != "cuda":
-        raise UserError("--dtype float16 needs CUDA (it relies on a GradScaler); use float32 or bfloat16 on CPU")
-    return getattr(torch, name)
 
 
 class StopFlag:
@@ -134,7 +121,7 @@ def train(args) -> dict:
     dtype = resolve_dtype(args.dtype, device)
     if dtype == torch.bfloat16 and device.type == "cpu" and master:
         print("warning: bf16 autocast on a CPU without bf16 matmul units is much slower than float32", file=sys.stderr)
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    mixed_precision = autocast(device, dtype)
     out_dir = Path(args.out_dir)
 
     tokenizer = load_tokenizer(args.tokenizer_path)
@@ -204,7 +191,7 @@ def train(args) -> dict:
 
     def run_eval() -> dict:
         loss = evaluate(raw_model, val_data.tokens, args.batch_size, args.max_seq_len, args.eval_steps, device,
-                        autocast)
+                        mixed_precision)
         record = {"step": step, "split": "val", "loss": loss, "bpb": bits_per_byte(loss, val_bpt),
                   "train_time_s": train_time}
         tracker.log(record)
@@ -227,7 +214,7 @@ def train(args) -> dict:
                 last_micro = micro == args.accumulation_steps - 1
                 # Gradients are all-reduced only on the last micro-step; the others just accumulate locally.
                 sync = nullcontext() if last_micro or world_size == 1 else model.no_sync()
-                with sync, autocast:
+                with sync, mixed_precision:
                     out = model(input_ids=x, shift_labels=y, output_hidden_states=log_now and last_micro)
                     loss = out.loss / args.accumulation_steps
                 scaler.scale(loss).backward()

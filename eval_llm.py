@@ -1,0 +1,337 @@
+"""Sample from, measure and compare trained checkpoints.
+
+    python eval_llm.py --model_path out/pretrain                          # default prompts, or type your own
+    python eval_llm.py --model_path out/pretrain --prompt $'**HAMLET**  \\nTo be' --temperature 0
+    python eval_llm.py --model_path out/pretrain --eval_data              # loss, ppl, bpb on the held-out plays
+    python eval_llm.py --compare out/ablation/runs/* --eval_data          # every ablation run, side by side
+
+A model directory is the trainer's --out_dir (its `checkpoint` link is followed), a checkpoint folder, or any
+directory AutoModelForCausalLM loads, e.g. a LlamaForCausalLM written by scripts/convert_to_llama.py. The
+tokenizer comes from the same directory unless --tokenizer_path is given.
+
+Prompts: each is encoded after the tokenizer's bos token (this repo's document separator), because in
+training every document started right after one. A prompt too long to leave room for --max_new_tokens in the
+model's context (max_position_embeddings) is cut from the left, keeping its last tokens, with a one-line
+warning. Without --prompt, an interactive terminal is asked for prompts until an empty line, EOF or Ctrl-C;
+otherwise the default Shakespeare prompts are used. With --eval_data and no --prompt a single model is only
+evaluated; --compare always generates (the default prompts unless --prompt is given).
+"""
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from transformers import AutoModelForCausalLM, TextStreamer
+from transformers.utils import logging as hf_logging
+
+import model  # noqa: F401  (registers MiniMind with the Auto classes)
+from data import BatchSampler, bits_per_byte, load_tokenizer, prepare_split
+from trainer.checkpoint import LINK, resolve_model_dir
+from trainer.cli import ArgumentParser, UserError, run_cli
+from trainer.device import autocast, pick_device, resolve_dtype
+from trainer.evaluation import evaluate
+
+# The default corpus is Shakespeare's plays as Markdown: a speaker in bold, then the speech, lines ending in
+# two spaces (a Markdown line break). Hamlet is a validation play, so its prompt is held-out text.
+DEFAULT_PROMPTS = (
+    "**HAMLET**  \nTo be, or not to be,",
+    "**FIRST WITCH**  \nWhen shall we three meet again",
+    "**KING**  \nMy lords,",
+    "## ACT I\n\n### SCENE I. A street.\n\n",
+)
+DEFAULT_SEQ_LEN = 256
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How continuations are drawn; the defaults are the CLI's. temperature 0 means greedy."""
+
+    max_new_tokens: int = 100
+    temperature: float = 0.8
+    top_p: float = 0.9
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class Result:
+    """One checkpoint's part of a comparison: its label, norm variant, continuations and held-out metrics."""
+
+    name: str
+    norm: str
+    position: str
+    continuations: list[str]
+    metrics: dict | None = None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def autocast_for(device: torch.device):
+    """The trainer's evaluation precision: bf16 (or fp16) autocast over fp32 weights on CUDA, fp32 on CPU."""
+    return autocast(device, resolve_dtype("auto", device))
+
+
+def load(path, tokenizer_path=None, device="cpu"):
+    """(model, tokenizer) from a model directory (see resolve_model_dir), the model on device in eval mode."""
+    model_dir = resolve_model_dir(Path(path))
+    if tokenizer_path is None and not (model_dir / "tokenizer.json").is_file():
+        raise UserError(f"{model_dir}: has no tokenizer.json; pass the model's tokenizer with --tokenizer_path")
+    tokenizer = load_tokenizer(tokenizer_path or model_dir)
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+    except Exception as err:  # unknown architecture, corrupt weights, ...: each library fails its own way
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UserError(f"{model_dir}: cannot load the model ({reason})") from None
+    # A smaller tokenizer is harmless (some rows are never used); a larger one makes ids the model cannot embed.
+    if len(tokenizer) > lm.config.vocab_size:
+        raise UserError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has only "
+                        f"{lm.config.vocab_size}; pass the tokenizer it was trained with (--tokenizer_path)")
+    return lm.to(device).eval(), tokenizer
+
+
+def display_name(path) -> str:
+    """A short label: the run folder's name, also when the path points into it (out/run/checkpoint)."""
+    path = Path(path).absolute()
+    is_inner = path.name == LINK or path.name.startswith("step-")
+    return path.parent.name if is_inner else path.name
+
+
+def norm_variant(config) -> tuple[str, str]:
+    """(norm type, position) of a loaded model's config."""
+    if config.model_type == "minimind":
+        return config.norm_type, config.norm_position
+    if config.model_type == "llama":  # what scripts/convert_to_llama.py exports: Pre-Norm RMSNorm only
+        return "rmsnorm", "pre"
+    return "?", "?"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Generation
+
+
+def encode_prompt(tokenizer, prompt: str, context: int, max_new_tokens: int) -> torch.Tensor:
+    """[1, n] ids: bos then the prompt, cut from the left so that n + max_new_tokens fits the context."""
+    limit = context - max_new_tokens
+    if limit < 1:
+        raise UserError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's context "
+                        f"of {context} tokens")
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    ids = [bos] + tokenizer.encode(prompt, add_special_tokens=False)
+    if len(ids) > limit:
+        print(f"warning: prompt of {len(ids)} tokens cut to its last {limit}: the model's context is {context} "
+              f"tokens and {max_new_tokens} are kept for --max_new_tokens", file=sys.stderr)
+        ids = ids[-limit:]
+    return torch.tensor([ids])
+
+
+@torch.no_grad()
+def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(), stream: bool = False) -> str:
+    """The continuation of prompt (without the prompt), printed to stdout as it is produced when stream is set.
+
+    The seed is set for every prompt, so a continuation does not depend on what was generated before it and
+    several checkpoints draw with the same random numbers.
+    """
+    ids = encode_prompt(tokenizer, prompt, lm.config.max_position_embeddings, sampling.max_new_tokens)
+    ids = ids.to(lm.device)
+    options = {"max_new_tokens": sampling.max_new_tokens, "repetition_penalty": sampling.repetition_penalty,
+               "do_sample": sampling.temperature > 0}
+    if options["do_sample"]:  # greedy decoding would warn that these are unused
+        options.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
+    torch.manual_seed(sampling.seed)
+    with autocast_for(lm.device):
+        out = lm.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=pad, streamer=streamer, **options)
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def read_prompts():
+    """Prompts typed at the terminal, until an empty line, EOF (Ctrl-D) or Ctrl-C."""
+    while True:
+        try:
+            prompt = input("prompt> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return
+        if not prompt:
+            return
+        yield prompt
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Held-out evaluation
+
+
+def evaluate_split(lm, tokenizer, data_path: str | None = "default", text_field: str = "text",
+                   batch_size: int = 8, seq_len: int | None = None, max_batches: int | None = None,
+                   progress: bool = False) -> dict:
+    """Mean loss per token, perplexity and bits per byte on the validation split of data_path.
+
+    The split is read in consecutive non-overlapping windows of seq_len (default min(256, the model's
+    context)) tokens, all of them unless max_batches limits it, by the trainer's own evaluate(). Bits per byte
+    use the whole split's bytes per token, also when only its first batches are evaluated.
+    """
+    context = lm.config.max_position_embeddings
+    seq_len = seq_len or min(DEFAULT_SEQ_LEN, context)
+    if seq_len > context:
+        raise UserError(f"--seq_len {seq_len} is longer than the model's context of {context} tokens")
+    split = prepare_split(data_path, "validation", tokenizer, text_field)
+    windows = BatchSampler(split.tokens, batch_size, seq_len).num_windows
+    # A limit beyond the split's end would wrap around and count windows twice; the whole split is the most.
+    steps = max_batches if max_batches is not None and max_batches * batch_size < windows else None
+    loss = evaluate(lm, split.tokens, batch_size, seq_len, steps, lm.device, autocast_for(lm.device),
+                    progress)
+    evaluated = windows if steps is None else steps * batch_size
+    return {"loss": loss, "ppl": math.exp(loss), "bpb": bits_per_byte(loss, split.bytes_per_token),
+            "tokens": evaluated * seq_len}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Comparison
+
+
+def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu", tokenizer_path=None,
+            eval_kwargs: dict | None = None) -> list[Result]:
+    """Every prompt through every checkpoint with the same seed, plus evaluate_split(**eval_kwargs) if given.
+
+    Checkpoints are loaded one at a time, so a long list of them never has to fit in memory together.
+    """
+    names = [display_name(p) for p in paths]
+    if len(set(names)) < len(names):  # e.g. a/seed0 and b/seed0: only the full paths tell them apart
+        names = [str(p) for p in paths]
+    results = []
+    for i, (path, name) in enumerate(zip(paths, names, strict=True), 1):
+        print(f"[{i}/{len(paths)}] {name}", file=sys.stderr)
+        lm, tokenizer = load(path, tokenizer_path, device)
+        continuations = [generate_text(lm, tokenizer, p, sampling) for p in prompts]
+        metrics = evaluate_split(lm, tokenizer, **eval_kwargs) if eval_kwargs is not None else None
+        results.append(Result(name, *norm_variant(lm.config), continuations, metrics))
+    return results
+
+
+def format_comparison(prompts, results: list[Result]) -> str:
+    """One block per prompt: the prompt, then each checkpoint's continuation under its label."""
+    blocks = []
+    for i, prompt in enumerate(prompts):
+        lines = [f"=== prompt {i + 1} ===", prompt]
+        for r in results:
+            lines += [f"--- {r.name} ({r.norm}, {r.position}-norm) ---", r.continuations[i]]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def format_metrics_table(results: list[Result]) -> str:
+    header = ("checkpoint", "norm", "position", "loss", "ppl", "bpb")
+    rows = [header] + [(r.name, r.norm, r.position, f"{r.metrics['loss']:.4f}", f"{r.metrics['ppl']:.2f}",
+                        f"{r.metrics['bpb']:.4f}") for r in results]
+    widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--model_path", help="the trainer's --out_dir, a checkpoint folder, or any AutoModelForCausalLM "
+                                        "directory (e.g. a Llama export)")
+    p.add_argument("--tokenizer_path", default=None,
+                   help="tokenizer directory (default: the model directory's own); applies to every --compare dir")
+    p.add_argument("--device", default="auto", help="auto (cuda with bf16 autocast if available, else cpu in fp32), "
+                                                    "cpu, cuda, cuda:1, ...")
+
+    gen = p.add_argument_group("generation")
+    gen.add_argument("--prompt", action="append", default=None,
+                     help="text to continue; repeat for several. Default: read prompts from an interactive "
+                          "terminal, else a few Shakespeare prompts. A prompt that leaves no room for "
+                          "--max_new_tokens in the model's context is cut from the left, with a warning")
+    gen.add_argument("--max_new_tokens", type=int, default=Sampling.max_new_tokens, help="tokens to generate")
+    gen.add_argument("--temperature", type=float, default=Sampling.temperature,
+                     help="sampling temperature; 0 = greedy (deterministic)")
+    gen.add_argument("--top_p", type=float, default=Sampling.top_p,
+                     help="nucleus sampling: keep the fewest tokens whose probability adds up to this (1 = off)")
+    gen.add_argument("--top_k", type=int, default=Sampling.top_k, help="keep only the k most likely tokens (0 = off)")
+    gen.add_argument("--repetition_penalty", type=float, default=Sampling.repetition_penalty,
+                     help="divide the logits of tokens already present by this (1 = off)")
+    gen.add_argument("--seed", type=int, default=Sampling.seed, help="random seed, set anew for every prompt")
+
+    ev = p.add_argument_group("held-out evaluation")
+    ev.add_argument("--eval_data", nargs="?", const="default", default=None, metavar="PATH|default",
+                    help="report loss, perplexity and bits per byte on the validation split of this corpus "
+                         "(alone: the embedded plays' validation plays); any --data_path the trainer accepts")
+    ev.add_argument("--text_field", default="text", help="column of --eval_data that holds the text")
+    ev.add_argument("--batch_size", type=int, default=8, help="windows per evaluation batch")
+    ev.add_argument("--seq_len", type=int, default=None,
+                    help=f"tokens per evaluation window (default: min({DEFAULT_SEQ_LEN}, the model's context))")
+    ev.add_argument("--eval_batches", type=int, default=None,
+                    help="evaluate only this many batches (default: the whole split, non-overlapping windows)")
+
+    p.add_argument("--compare", nargs="+", default=None, metavar="DIR",
+                   help="also run these model directories (after --model_path, if given) with the same prompts "
+                        "and seed; print the continuations side by side and, with --eval_data, one metrics table")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parse and check the flags, naming the bad one in a one-line UserError."""
+    args = build_parser().parse_args(argv)
+    if args.model_path is None and not args.compare:
+        raise UserError("give --model_path DIR, or --compare DIR [DIR ...] (see --help)")
+    for name in ("max_new_tokens", "batch_size", "seq_len", "eval_batches"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name} must be a positive integer, got {value}")
+    if args.temperature < 0:
+        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise UserError(f"--top_p must be in (0, 1], got {args.top_p}")
+    if args.top_k < 0:
+        raise UserError(f"--top_k must be >= 0 (0 = off), got {args.top_k}")
+    if not args.repetition_penalty > 0:
+        raise UserError(f"--repetition_penalty must be > 0 (1 = off), got {args.repetition_penalty}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    hf_logging.disable_progress_bar()  # the per-load "Loading weights" bar is noise here
+    device = pick_device(args.device)
+    sampling = Sampling(**{f.name: getattr(args, f.name) for f in fields(Sampling)})
+    eval_kwargs = None
+    if args.eval_data is not None:
+        eval_kwargs = {"data_path": args.eval_data, "text_field": args.text_field, "batch_size": args.batch_size,
+                       "seq_len": args.seq_len, "max_batches": args.eval_batches, "progress": True}
+
+    if args.compare:
+        paths = ([args.model_path] if args.model_path else []) + args.compare
+        prompts = args.prompt or DEFAULT_PROMPTS
+        results = compare(paths, prompts, sampling, device, args.tokenizer_path, eval_kwargs)
+        print(format_comparison(prompts, results))
+        if eval_kwargs is not None:
+            print("\n" + format_metrics_table(results))
+        return
+
+    lm, tokenizer = load(args.model_path, args.tokenizer_path, device)
+    if eval_kwargs is not None:
+        metrics = evaluate_split(lm, tokenizer, **eval_kwargs)
+        print(format_metrics_table([Result(display_name(args.model_path), *norm_variant(lm.config), [], metrics)]))
+        if not args.prompt:
+            return
+    prompts = args.prompt or (read_prompts() if sys.stdin.isatty() else DEFAULT_PROMPTS)
+    for prompt in prompts:
+        print(prompt, end="", flush=True)
+        generate_text(lm, tokenizer, prompt, sampling, stream=True)  # the streamer ends the line
+        print()
+
+
+if __name__ == "__main__":
+    run_cli(main)

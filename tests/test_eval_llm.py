@@ -1,0 +1,219 @@
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM
+
+import eval_llm
+from data import DEFAULT_TOKENIZER_DIR, bits_per_byte, load_tokenizer, prepare_split
+from eval_llm import Sampling, compare, evaluate_split, generate_text, load, main
+from model import MiniMindConfig, MiniMindForCausalLM
+from trainer.cli import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"vocab_size": 400, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1}
+GREEDY = Sampling(temperature=0, max_new_tokens=16)
+PROMPT = "**PROSPERO**  \nThou"
+
+
+@pytest.fixture(scope="module")
+def cache_env(tmp_path_factory):
+    """A private token cache, for this process and for the subprocesses."""
+    cache = str(tmp_path_factory.mktemp("cache"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINIMIND_CACHE", cache)
+        yield {**os.environ, "MINIMIND_CACHE": cache}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, cache_env, tiny_corpus, tiny_tokenizer_dir) -> Path:
+    """The trainer's --out_dir after a short real run: checkpoint -> step-000040/."""
+    out = tmp_path_factory.mktemp("runs") / "rms-pre"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "trainer" / "train_pretrain.py"), "--data_path", tiny_corpus,
+         "--tokenizer_path", tiny_tokenizer_dir, *(f"--{k}={v}" for k, v in TINY.items() if k != "vocab_size"),
+         "--max_seq_len=32", "--batch_size=4", "--max_steps=40", "--learning_rate=1e-2", "--warmup_steps=5",
+         "--num_proc=1", "--out_dir", str(out)],
+        env=cache_env, capture_output=True, text=True, cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def post_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """An untrained Post-LayerNorm checkpoint: a second norm variant to compare with. Its weights are drawn
+    10x wider than usual so that its greedy choices depend on every prompt token, as a trained model's do."""
+    path = tmp_path_factory.mktemp("runs") / "ln-post"
+    torch.manual_seed(0)
+    config = MiniMindConfig(**TINY, norm_type="layernorm", norm_position="post", initializer_range=0.2)
+    MiniMindForCausalLM(config).save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return path
+
+
+def reference_greedy(lm, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """model.generate's greedy continuation of bos + prompt, the encoding eval_llm documents."""
+    ids = torch.tensor([[tokenizer.bos_token_id] + tokenizer.encode(prompt, add_special_tokens=False)])
+    out = lm.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens)
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def test_out_dir_and_checkpoint_dir_load_the_same_model(run_dir):
+    a, _ = load(run_dir)
+    b, _ = load(run_dir / "checkpoint")
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert not a.training
+    assert eval_llm.display_name(run_dir) == eval_llm.display_name(run_dir / "checkpoint") == "rms-pre"
+
+
+def test_generation_is_deterministic(run_dir, capsys):
+    lm, tokenizer = load(run_dir)
+    sampled = Sampling(temperature=1.0, top_p=0.95, top_k=50, seed=3, max_new_tokens=24)
+    for sampling in (GREEDY, sampled):
+        first = generate_text(lm, tokenizer, PROMPT, sampling)
+        assert first and generate_text(lm, tokenizer, PROMPT, sampling) == first
+    # The seed is what fixes the sample: another seed draws another text.
+    assert generate_text(lm, tokenizer, PROMPT, Sampling(**{**vars(sampled), "seed": 4})) != first
+    # Streaming prints exactly the text it returns.
+    capsys.readouterr()
+    assert generate_text(lm, tokenizer, PROMPT, sampled, stream=True) == first
+    assert capsys.readouterr().out == first + "\n"
+
+
+@pytest.mark.parametrize("which", ["trained", "untrained"])
+def test_greedy_equals_model_generate(which, run_dir, post_dir, capsys):
+    path = run_dir if which == "trained" else post_dir
+    lm, tokenizer = load(path)
+    expected = reference_greedy(lm, tokenizer, PROMPT, GREEDY.max_new_tokens)
+    assert generate_text(lm, tokenizer, PROMPT, GREEDY) == expected
+    # The CLI prints the prompt, then the streamed continuation.
+    main(["--model_path", str(path), "--prompt", PROMPT, "--temperature", "0", "--max_new_tokens", "16"])
+    assert capsys.readouterr().out == PROMPT + expected + "\n\n"
+
+
+def test_long_prompt_is_cut_from_the_left(tiny_tokenizer, capsys):
+    torch.manual_seed(0)
+    lm = MiniMindForCausalLM(MiniMindConfig(**TINY, max_position_embeddings=24)).eval()
+    prompt = "Full fathom five thy father lies; of his bones are coral made. " * 3
+    ids = [tiny_tokenizer.bos_token_id] + tiny_tokenizer.encode(prompt, add_special_tokens=False)
+    assert len(ids) > 16
+    text = generate_text(lm, tiny_tokenizer, prompt, Sampling(temperature=0, max_new_tokens=8))
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith("warning: prompt of") and "last 16" in warnings[0]
+    kept = torch.tensor([ids[-16:]])
+    out = lm.generate(kept, attention_mask=torch.ones_like(kept), do_sample=False, max_new_tokens=8)
+    assert text == tiny_tokenizer.decode(out[0, 16:], skip_special_tokens=True)
+    with pytest.raises(UserError, match="no room for a prompt"):
+        generate_text(lm, tiny_tokenizer, prompt, Sampling(temperature=0, max_new_tokens=24))
+
+
+def test_evaluate_split_equals_direct_cross_entropy(run_dir, tiny_corpus):
+    lm, tokenizer = load(run_dir)
+    seq_len, batch_size = 16, 3
+    split = prepare_split(tiny_corpus, "validation", tokenizer)
+    tokens = torch.from_numpy(split.tokens.astype("int64"))
+    windows = (len(tokens) - 1) // seq_len
+    assert windows % batch_size, "the last batch should be a partial one"
+    with torch.no_grad():
+        nll = [F.cross_entropy(lm(input_ids=tokens[None, k * seq_len : (k + 1) * seq_len]).logits[0],
+                               tokens[k * seq_len + 1 : (k + 1) * seq_len + 1], reduction="sum").item()
+               for k in range(windows)]
+    expected = sum(nll) / (windows * seq_len)
+
+    metrics = evaluate_split(lm, tokenizer, tiny_corpus, batch_size=batch_size, seq_len=seq_len)
+    assert metrics["loss"] == pytest.approx(expected, rel=1e-5)
+    assert metrics["ppl"] == pytest.approx(math.exp(expected), rel=1e-5)
+    assert metrics["bpb"] == pytest.approx(bits_per_byte(expected, split.bytes_per_token), rel=1e-5)
+    assert metrics["tokens"] == windows * seq_len
+    first = evaluate_split(lm, tokenizer, tiny_corpus, batch_size=batch_size, seq_len=seq_len, max_batches=1)
+    assert first["loss"] == pytest.approx(sum(nll[:batch_size]) / (batch_size * seq_len), rel=1e-5)
+    assert first["tokens"] == batch_size * seq_len
+    # A limit beyond the split's end means the whole split, never a window twice.
+    assert evaluate_split(lm, tokenizer, tiny_corpus, batch_size=batch_size, seq_len=seq_len,
+                          max_batches=1000)["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_compare_uses_one_seed_and_prints_every_checkpoint(run_dir, post_dir, tiny_corpus, capsys):
+    prompts = [PROMPT, "**ARIEL**  \n"]
+    sampled, greedy = Sampling(temperature=1.0, seed=7, max_new_tokens=12), Sampling(temperature=0, max_new_tokens=12)
+    results = compare([run_dir, post_dir], prompts, sampled)
+    expected_greedy = {}
+    for path, result in zip([run_dir, post_dir], results, strict=True):
+        lm, tokenizer = load(path)
+        assert result.continuations == [generate_text(lm, tokenizer, p, sampled) for p in prompts]
+        expected_greedy[path.name] = [generate_text(lm, tokenizer, p, greedy) for p in prompts]
+
+    main(["--model_path", str(run_dir), "--compare", str(post_dir), *(a for p in prompts for a in ("--prompt", p)),
+          "--temperature", "0", "--max_new_tokens", "12", "--eval_data", tiny_corpus, "--seq_len", "16"])
+    out = capsys.readouterr().out
+    blocks = out.split("=== prompt ")[1:]
+    assert len(blocks) == len(prompts)
+    for i, block in enumerate(blocks):
+        assert block.startswith(f"{i + 1} ===\n{prompts[i]}\n")
+        assert f"--- rms-pre (rmsnorm, pre-norm) ---\n{expected_greedy['rms-pre'][i]}\n" in block
+        assert f"--- ln-post (layernorm, post-norm) ---\n{expected_greedy['ln-post'][i]}\n" in block
+    header, trained, untrained = (line.split() for line in out.strip().splitlines()[-3:])
+    assert header == ["checkpoint", "norm", "position", "loss", "ppl", "bpb"]
+    assert trained[:3] == ["rms-pre", "rmsnorm", "pre"] and untrained[:3] == ["ln-post", "layernorm", "post"]
+    # The trained checkpoint predicts the held-out text better than the untrained one.
+    assert float(trained[3]) < float(untrained[3])
+
+
+def test_llama_export_loads_and_generates(run_dir, tmp_path):
+    spec = importlib.util.spec_from_file_location("convert_to_llama", REPO / "scripts" / "convert_to_llama.py")
+    convert_to_llama = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(convert_to_llama)
+    convert_to_llama.convert(run_dir / "checkpoint", tmp_path / "llama")
+
+    llama, tokenizer = load(tmp_path / "llama")
+    assert isinstance(llama, LlamaForCausalLM)
+    assert eval_llm.norm_variant(llama.config) == ("rmsnorm", "pre")
+    minimind, _ = load(run_dir)
+    text = generate_text(llama, tokenizer, PROMPT, GREEDY)
+    assert text and text == generate_text(minimind, tokenizer, PROMPT, GREEDY)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--temperature", "-1"], ["--top_p", "0"], ["--top_k", "-2"], ["--max_new_tokens", "0"], ["--eval_batches", "0"],
+    ["--repetition_penalty", "0"], ["--seq_len", "-3"],
+])
+def test_bad_flags_are_rejected(argv):
+    with pytest.raises(UserError, match=argv[0]):
+        eval_llm.parse_args(["--model_path", "x", *argv])
+
+
+def test_a_model_is_required():
+    with pytest.raises(UserError, match="--model_path"):
+        eval_llm.parse_args(["--prompt", "Hi"])
+
+
+@pytest.fixture(scope="module")
+def weightless_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("weightless")
+    MiniMindConfig(**TINY).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("case", ["missing", "no weights", "tokenizer too big"])
+def test_bad_input_is_one_error_line(case, run_dir, weightless_dir, cache_env, tmp_path):
+    args, expected = {
+        "missing": (["--model_path", tmp_path / "nope"], "no such directory"),
+        "no weights": (["--model_path", weightless_dir], "no weights"),
+        "tokenizer too big": (["--model_path", run_dir, "--tokenizer_path", DEFAULT_TOKENIZER_DIR],
+                              f"has {len(load_tokenizer(DEFAULT_TOKENIZER_DIR))} tokens but the model's "
+                              "vocabulary has only 400"),
+    }[case]
+    result = subprocess.run([sys.executable, str(REPO / "eval_llm.py"), *map(str, args), "--prompt", "Hi"],
+                            env=cache_env, capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0], result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
