@@ -1,0 +1,232 @@
+"""Time RMSNorm implementations against LayerNorm and a plain copy, at the model's activation shape.
+
+    python scripts/bench_norms.py                      # 4*256 tokens x 512 hidden, fp32 and bf16
+    python scripts/bench_norms.py --tokens 8192 --hidden 768 --dtypes fp32 --json out/norms.json
+
+Ops (each an nn.Module, so forward+backward also produces the weight gradients a training step needs):
+  rmsnorm_eager      MiniMind's original RMSNorm, written out here as the fixed baseline
+  F.rms_norm         torch.nn.functional.rms_norm
+  layernorm          torch.nn.LayerNorm (one fused ATen kernel each way)
+  rmsnorm_compiled   torch.compile of rmsnorm_eager (compile time is reported separately)
+  model.RMSNorm      model.model_minimind.RMSNorm, whatever it currently is
+  copy               x.clone(): the memory-bandwidth floor for a pass that reads and writes x once
+
+"fwd" runs under torch.no_grad() (inference cost, no graph recorded); "fwd+bwd" runs the forward with autograd
+on and torch.autograd.grad for the input and every parameter (no .grad accumulation, which would add a pass).
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils import benchmark
+
+from model.model_minimind import RMSNorm
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+EPS = 1e-5
+BLOCKS = 5  # each timing is the best of this many blocks of calls (see time_cases)
+
+
+class EagerRMSNorm(nn.Module):
+    """The baseline: MiniMind's (and Llama's) RMSNorm exactly as first written, left to autograd."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * self.weight
+
+
+class FunctionalRMSNorm(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, EPS)
+
+
+class Copy(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+
+OPS = {
+    "rmsnorm_eager": EagerRMSNorm,
+    "F.rms_norm": FunctionalRMSNorm,
+    "layernorm": lambda dim: nn.LayerNorm(dim, eps=EPS),
+    "rmsnorm_compiled": lambda dim: torch.compile(EagerRMSNorm(dim)),
+    "model.RMSNorm": lambda dim: RMSNorm(dim, EPS),
+    "copy": lambda dim: Copy(),
+}
+
+
+def bytes_moved(op: str, x_bytes: int, backward: bool) -> int:
+    """Bytes a perfect kernel must move; weights and per-row statistics are O(hidden + tokens) and ignored.
+
+    A norm's forward reads x and writes y (2 passes); its backward reads x and dy and writes dx (3 more).
+    The copy reads and writes x once, and its backward hands dy through untouched, so it is 2 passes either way.
+    """
+    passes = 2 if op == "copy" or not backward else 5
+    return passes * x_bytes
+
+
+def make_case(op: str, dtype: str, args) -> dict:
+    """One (op, dtype) cell of the table: its two timers, and the cost of its first training call."""
+    module = OPS[op](args.hidden).to(args.device, DTYPES[dtype])
+    x = torch.randn(args.tokens, args.hidden, device=args.device, dtype=DTYPES[dtype], requires_grad=True)
+    dy = torch.randn_like(x)
+    wrt = [x, *module.parameters()]
+
+    def fwd():
+        with torch.no_grad():
+            module(x)
+
+    def fwd_bwd():
+        torch.autograd.grad(module(x), wrt, dy)
+
+    # The first training call is where torch.compile spends its time; report it rather than hide it in warm-up.
+    start = time.perf_counter()
+    fwd_bwd()
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    first_call_s = time.perf_counter() - start
+
+    # Timer synchronizes CUDA around each block, so GPU times include the kernels. It defaults to one thread,
+    # which would hide how the ops use the cores, so it gets torch's own thread count.
+    threads = torch.get_num_threads()
+    return {
+        "op": op,
+        "dtype": dtype,
+        "timers": {
+            t: benchmark.Timer("f()", globals={"f": f}, num_threads=threads)
+            for t, f in (("fwd", fwd), ("fwd_bwd", fwd_bwd))
+        },
+        "x_bytes": x.numel() * x.element_size(),
+        "first_call_s": first_call_s,
+    }
+
+
+def time_cases(cases: list[dict], iters: int) -> None:
+    """Each timing is the best of BLOCKS blocks of iters // BLOCKS calls, after a warm-up block.
+
+    The blocks go round-robin over all cases, so a burst of other work on a shared machine hits every case
+    alike, and the best block, not the median, is kept: such noise only ever adds time.
+    """
+    block = max(1, iters // BLOCKS)
+    for case in cases:
+        for timer in case["timers"].values():
+            timer.timeit(block)
+    for i in range(BLOCKS):
+        print(f"timing block {i + 1}/{BLOCKS}", file=sys.stderr, flush=True)
+        for case in cases:
+            for t, timer in case["timers"].items():
+                ms = timer.timeit(block).mean * 1e3
+                case[f"{t}_ms"] = min(ms, case.get(f"{t}_ms", ms))
+    for case in cases:
+        for t in ("fwd", "fwd_bwd"):
+            case[f"{t}_gbps"] = (
+                bytes_moved(case["op"], case["x_bytes"], t == "fwd_bwd") / case[f"{t}_ms"] / 1e6
+            )
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """time / LayerNorm's time and time / eager RMSNorm's time, same dtype (< 1 means faster)."""
+    for base, tag in (("layernorm", "layernorm"), ("rmsnorm_eager", "eager")):
+        ref = {r["dtype"]: r for r in rows if r["op"] == base}
+        for r in rows:
+            for t in ("fwd", "fwd_bwd"):
+                r[f"{t}_vs_{tag}"] = r[f"{t}_ms"] / ref[r["dtype"]][f"{t}_ms"] if r["dtype"] in ref else None
+
+
+def print_table(rows: list[dict]) -> None:
+    def ratio(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    print(
+        f"{'op':<16}  {'dtype':<5}  {'fwd ms':>8}  {'fwd+bwd ms':>10}  {'fwd GB/s':>8}  {'f+b GB/s':>8}  "
+        f"{'fwd/LN':>6}  {'f+b/LN':>6}  {'fwd/eager':>9}  {'f+b/eager':>9}"
+    )
+    for r in rows:
+        print(
+            f"{r['op']:<16}  {r['dtype']:<5}  {r['fwd_ms']:>8.4f}  {r['fwd_bwd_ms']:>10.4f}  "
+            f"{r['fwd_gbps']:>8.1f}  {r['fwd_bwd_gbps']:>8.1f}  "
+            f"{ratio(r['fwd_vs_layernorm']):>6}  {ratio(r['fwd_bwd_vs_layernorm']):>6}  "
+            f"{ratio(r['fwd_vs_eager']):>9}  {ratio(r['fwd_bwd_vs_eager']):>9}"
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--tokens", type=int, default=4 * 256, help="rows of the activation: batch * seq (default 4*256)"
+    )
+    p.add_argument("--hidden", type=int, default=512, help="normalized dimension, the model's hidden_size")
+    p.add_argument("--dtypes", default="fp32,bf16", help=f"comma-separated, from {list(DTYPES)}")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {list(OPS)}")
+    p.add_argument(
+        "--iters", type=int, default=500, help=f"timed calls per measurement, split into {BLOCKS} blocks"
+    )
+    p.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when available"
+    )
+    p.add_argument("--json", type=Path, help="also write the config and every row to this JSON file")
+    args = p.parse_args()
+
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda, but torch sees no CUDA device")
+    dtypes, ops = args.dtypes.split(","), args.ops.split(",")
+    for given, allowed in ((dtypes, DTYPES), (ops, OPS)):
+        if unknown := set(given) - set(allowed):
+            p.error(f"unknown {sorted(unknown)}; allowed: {list(allowed)}")
+
+    torch.manual_seed(0)
+    device_name = (
+        torch.cuda.get_device_name() if args.device == "cuda" else f"cpu, {torch.get_num_threads()} threads"
+    )
+    print(
+        f"torch {torch.__version__} | {device_name} | x: {args.tokens} x {args.hidden} | iters {args.iters}"
+    )
+    cases = []
+    for dtype in dtypes:
+        for op in ops:
+            print(
+                f"[{len(cases) + 1}/{len(ops) * len(dtypes)}] first call: {op} {dtype}",
+                file=sys.stderr,
+                flush=True,
+            )
+            cases.append(make_case(op, dtype, args))
+    time_cases(cases, args.iters)
+    rows = [{k: v for k, v in case.items() if k != "timers"} for case in cases]
+    add_ratios(rows)
+
+    print_table(rows)
+    for r in rows:
+        if r["op"] == "rmsnorm_compiled":
+            print(
+                f"rmsnorm_compiled {r['dtype']}: first fwd+bwd call (compilation) took {r['first_call_s']:.1f} s"
+            )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        config = {k: v for k, v in vars(args).items() if k != "json"} | {
+            "torch": torch.__version__,
+            "device_name": device_name,
+        }
+        args.json.write_text(json.dumps({"config": config, "results": rows}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
