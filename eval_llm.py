@@ -32,7 +32,7 @@ from transformers.utils import logging as hf_logging
 import model  # noqa: F401  (registers MiniMind with the Auto classes)
 from data import BatchSampler, bits_per_byte, load_tokenizer, prepare_split
 from trainer.checkpoint import LINK, resolve_model_dir
-from trainer.cli import ArgumentParser, UserError, run_cli
+from trainer.cli import ArgumentParser, UserError, require_positive, run_cli
 from trainer.device import autocast, pick_device, resolve_dtype
 from trainer.evaluation import evaluate
 
@@ -90,9 +90,11 @@ def load(path, tokenizer_path=None, device="cpu"):
     except Exception as err:  # unknown architecture, corrupt weights, ...: each library fails its own way
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise UserError(f"{model_dir}: cannot load the model ({reason})") from None
-    # A smaller tokenizer is harmless (some rows are never used); a larger one makes ids the model cannot embed.
-    if len(tokenizer) > lm.config.vocab_size:
-        raise UserError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has only "
+    # The trainer sizes a MiniMind vocabulary to its tokenizer exactly, so any difference means the wrong one.
+    # Other models may pad their vocabulary; there only a tokenizer with ids the model cannot embed is refused.
+    exact = lm.config.model_type == "minimind"
+    if len(tokenizer) > lm.config.vocab_size or (exact and len(tokenizer) != lm.config.vocab_size):
+        raise UserError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has "
                         f"{lm.config.vocab_size}; pass the tokenizer it was trained with (--tokenizer_path)")
     return lm.to(device).eval(), tokenizer
 
@@ -286,10 +288,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     if args.model_path is None and not args.compare:
         raise UserError("give --model_path DIR, or --compare DIR [DIR ...] (see --help)")
-    for name in ("max_new_tokens", "batch_size", "seq_len", "eval_batches"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UserError(f"--{name} must be a positive integer, got {value}")
+    require_positive(args, ("max_new_tokens", "batch_size", "seq_len", "eval_batches"))
     if args.temperature < 0:
         raise UserError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
     if not 0 < args.top_p <= 1:

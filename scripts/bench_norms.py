@@ -15,7 +15,6 @@ Ops (each an nn.Module, so forward+backward also produces the weight gradients a
 on and torch.autograd.grad for the input and every parameter (no .grad accumulation, which would add a pass).
 """
 
-import argparse
 import json
 import sys
 import time
@@ -29,6 +28,8 @@ from torch import nn
 from torch.utils import benchmark
 
 from model.model_minimind import RMSNorm
+from trainer.cli import ArgumentParser, UserError, run_cli
+from trainer.device import pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 EPS = 1e-5
@@ -167,9 +168,9 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__)
     p.add_argument(
-        "--tokens", type=int, default=4 * 256, help="rows of the activation: batch * seq (default 4*256)"
+        "--tokens", type=int, default=4 * 256, help="rows of the activation: batch * seq"
     )
     p.add_argument("--hidden", type=int, default=512, help="normalized dimension, the model's hidden_size")
     p.add_argument("--dtypes", default="fp32,bf16", help=f"comma-separated, from {list(DTYPES)}")
@@ -178,19 +179,16 @@ def main() -> None:
         "--iters", type=int, default=500, help=f"timed calls per measurement, split into {BLOCKS} blocks"
     )
     p.add_argument(
-        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when available"
+        "--device", default="auto", help="auto (cuda when available), cpu or cuda"
     )
     p.add_argument("--json", type=Path, help="also write the config and every row to this JSON file")
     args = p.parse_args()
 
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda, but torch sees no CUDA device")
+    args.device = pick_device(args.device).type
     dtypes, ops = args.dtypes.split(","), args.ops.split(",")
     for given, allowed in ((dtypes, DTYPES), (ops, OPS)):
         if unknown := set(given) - set(allowed):
-            p.error(f"unknown {sorted(unknown)}; allowed: {list(allowed)}")
+            raise UserError(f"unknown {sorted(unknown)}; allowed: {list(allowed)}")
 
     torch.manual_seed(0)
     device_name = (
@@ -229,4 +227,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -22,8 +22,9 @@ from transformers import LlamaForCausalLM
 
 from model import MiniMindConfig, MiniMindForCausalLM
 from model.llama_export import llama_config
-from trainer.cli import ArgumentParser, run_cli
+from trainer.cli import ArgumentParser, require_positive, run_cli
 from trainer.device import autocast, pick_device, resolve_dtype
+from trainer.optim import build_optimizer
 
 
 def sync(device: torch.device) -> None:
@@ -62,6 +63,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype")
     p.add_argument("--compile", action="store_true", help="torch.compile both models")
     args = p.parse_args()
+    require_positive(args, ("hidden_size", "num_hidden_layers", "batch_size", "seq_len", "steps", "rounds"))
     device = pick_device(args.device)
     mixed_precision = autocast(device, resolve_dtype(args.dtype, device))
 
@@ -75,7 +77,7 @@ def main() -> None:
 
     steps = {}
     for name, model in (("minimind", minimind), ("llama", llama)):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+        opt = build_optimizer(model, lr=1e-4, weight_decay=0.1)  # the trainer's optimizer, for both
         steps[name] = make_step(torch.compile(model) if args.compile else model, opt, x, y, mixed_precision,
                                 name == "minimind")
         steps[name]()  # warm-up: allocations, optimizer state, compilation

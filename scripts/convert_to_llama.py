@@ -26,7 +26,10 @@ def convert(src: Path, dst: Path) -> None:
     src = resolve_model_dir(src)
     if dst.exists():
         raise UserError(f"{dst} already exists; choose a new output directory")
-    cfg = AutoConfig.from_pretrained(src)
+    try:
+        cfg = AutoConfig.from_pretrained(src)
+    except Exception as err:  # unknown model_type, malformed JSON, ...
+        raise UserError(f"{src}: cannot read config.json ({str(err).strip().splitlines()[0]})") from None
     if cfg.model_type != "minimind":
         raise UserError(f"{src} holds a {cfg.model_type!r} model, not a MiniMind checkpoint")
     reason = why_not_llama(cfg)

@@ -63,14 +63,13 @@ def run_name(variant: str, lr: float, warmup: int, seed: int) -> str:
     return f"{variant}-lr{lr:g}-wu{warmup}-s{seed}"
 
 
+# Flags that do not change what a run computes, so a finished run made with other values is still valid.
+BOOKKEEPING = {"out_dir", "resume", "use_wandb", "wandb_project", "wandb_run_name", "wandb_group", "num_proc"}
+
+
 def run_one(base, study, variant: str, lr: float, warmup: int, seed: int) -> dict:
     """Train one configuration (or reuse its finished result) and return its summary."""
     out_dir = Path(study.out_dir) / "runs" / run_name(variant, lr, warmup, seed)
-    done = out_dir / "summary.json"
-    if done.exists():
-        summary = json.loads(done.read_text())
-        if summary["diverged"] or summary["step"] >= base.max_steps:
-            return summary
     position, norm = variant.split("-", 1)
     args = copy.copy(base)
     args.norm, args.norm_position, args.seed = norm, position, seed
@@ -79,6 +78,16 @@ def run_one(base, study, variant: str, lr: float, warmup: int, seed: int) -> dic
     args.out_dir, args.resume = str(out_dir), (out_dir / "checkpoint").exists()
     args.wandb_group = base.wandb_group or Path(study.out_dir).name
     args.wandb_run_name = run_name(variant, lr, warmup, seed)
+    done = out_dir / "summary.json"
+    if done.exists():
+        summary = json.loads(done.read_text())
+        changed = sorted(k for k, v in vars(args).items()
+                         if k not in BOOKKEEPING and summary.get("args", {}).get(k) != v)
+        if changed:
+            raise UserError(f"{out_dir} was trained with other values of --{', --'.join(changed)}; "
+                            "use a new --out_dir for a different study")
+        if summary["diverged"] or summary["step"] >= base.max_steps:
+            return summary
     print(f"\n=== {args.wandb_run_name}")
     return train(validate(args))
 
@@ -97,11 +106,12 @@ def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (variant, lr, warmup), runs in groups.items():
         ok = [r for r in runs if not r["diverged"] and r["val_loss"] is not None]
+        diverged = sum(r["diverged"] for r in runs)
         row = [variant, *([f"{lr:g}", str(warmup)] if grid else []),
                mean_std([r["val_loss"] for r in ok]), mean_std([r["val_bpb"] for r in ok]),
                f"{statistics.mean(r['tokens_per_s'] for r in ok):.0f}" if ok else "—",
                f"{statistics.mean(r['s_per_step'] for r in ok):.3f}" if ok else "—",
-               f"{runs[0]['norm_params']:,}", f"{len(runs) - len(ok)}/{len(runs)}"]
+               f"{runs[0]['norm_params']:,}", f"{diverged}/{len(runs)}"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -142,7 +152,10 @@ def main() -> None:
             for variant in study.variants:
                 for seed in study.seeds:
                     summary = run_one(base, study, variant, lr, warmup, seed)
-                    if summary is not None:  # None on DDP ranks other than 0
+                    if summary["interrupted"]:
+                        print("study interrupted; run the same command again to continue where it stopped")
+                        return
+                    if "out_dir" in summary:  # rank 0's full summary (other DDP ranks only get the outcome)
                         groups.setdefault((variant, lr, warmup), []).append(summary)
     if groups:
         report(study, groups)

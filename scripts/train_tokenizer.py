@@ -3,25 +3,24 @@
 The shipped data/tokenizer/ is the output of running this with no flags (embedded Shakespeare corpus).
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data.tokenizer import DEFAULT_TOKENIZER_DIR, DEFAULT_VOCAB_SIZE, train_tokenizer  # noqa: E402
-from trainer.cli import run_cli  # noqa: E402
+from data.tokenizer import DEFAULT_TOKENIZER_DIR, DEFAULT_VOCAB_SIZE, train_tokenizer
+from trainer.cli import ArgumentParser, run_cli
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = ArgumentParser(description=__doc__)
     parser.add_argument("--data_path", default=None, help="text source: a .jsonl/.json/.txt/.parquet file or folder, "
                         "a Hub dataset 'owner/name[:config[:split]]', or nothing for the embedded Shakespeare corpus")
-    parser.add_argument("--text_field", default="text", help="column or JSON field holding the text (default: text)")
+    parser.add_argument("--text_field", default="text", help="column or JSON field holding the text")
     parser.add_argument("--vocab_size", type=int, default=DEFAULT_VOCAB_SIZE,
-                        help=f"tokens in the vocabulary, special tokens included (default: {DEFAULT_VOCAB_SIZE})")
+                        help="tokens in the vocabulary, special tokens included")
     parser.add_argument("--out_dir", default=str(DEFAULT_TOKENIZER_DIR),
-                        help="directory to save tokenizer.json and tokenizer_config.json in (default: data/tokenizer)")
+                        help="directory to save tokenizer.json and tokenizer_config.json in ")
     parser.add_argument("--streaming", action="store_true", help="stream the source instead of caching it as Arrow")
     args = parser.parse_args()
     tokenizer = train_tokenizer(args.data_path, args.text_field, args.vocab_size, args.streaming)

@@ -15,7 +15,6 @@ variance 1/(3 fan_in)) sets a floor near sqrt(6/5 / (3 fan_in)); the output std 
 With RMSNorm every pre-activation has RMS 1, so every ReLU output has std sqrt(1/2 - 1/(2 pi)) ~ 0.58, not 1.
 """
 
-import argparse
 import copy
 import json
 import sys
@@ -27,6 +26,7 @@ import torch
 from torch import nn
 
 from model.model_minimind import RMSNorm
+from trainer.cli import ArgumentParser, run_cli
 
 # What the notes report for the default 8 x 512, batch 32 setup (they give no seed).
 NOTES = {"std_layer8_no_norm": 0.0163, "grad_layer1_no_norm": 1.2e-5, "std_rmsnorm": "~1.0 at every layer"}
@@ -56,7 +56,7 @@ def measure(stack: Stack, x: torch.Tensor) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--seed", type=int, default=0, help="seeds the Linear init and the input")
     p.add_argument("--layers", type=int, default=8, help="number of Linear(+RMSNorm)+ReLU blocks")
     p.add_argument("--width", type=int, default=512, help="features of every Linear")
@@ -110,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

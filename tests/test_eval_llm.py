@@ -209,7 +209,7 @@ def test_bad_input_is_one_error_line(case, run_dir, weightless_dir, cache_env, t
         "no weights": (["--model_path", weightless_dir], "no weights"),
         "tokenizer too big": (["--model_path", run_dir, "--tokenizer_path", DEFAULT_TOKENIZER_DIR],
                               f"has {len(load_tokenizer(DEFAULT_TOKENIZER_DIR))} tokens but the model's "
-                              "vocabulary has only 400"),
+                              "vocabulary has 400"),
     }[case]
     result = subprocess.run([sys.executable, str(REPO / "eval_llm.py"), *map(str, args), "--prompt", "Hi"],
                             env=cache_env, capture_output=True, text=True, cwd=REPO)
@@ -217,3 +217,9 @@ def test_bad_input_is_one_error_line(case, run_dir, weightless_dir, cache_env, t
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0], result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_tokenizer_smaller_than_a_minimind_vocabulary_is_refused(tmp_path, tiny_tokenizer_dir):
+    MiniMindForCausalLM(MiniMindConfig(**{**TINY, "vocab_size": 512})).save_pretrained(tmp_path)
+    with pytest.raises(UserError, match="has 400 tokens but the model's vocabulary has 512"):
+        load(tmp_path, tokenizer_path=tiny_tokenizer_dir)

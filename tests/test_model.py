@@ -1,6 +1,7 @@
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +10,9 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from model import NORM_POSITIONS, NORM_TYPES, MiniMindConfig, MiniMindForCausalLM, count_norms
 from model.model_minimind import RMSNorm
+
+REPO = Path(__file__).resolve().parents[1]
+CONVERT = str(REPO / "scripts" / "convert_to_llama.py")
 
 TINY = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3)
 
@@ -111,6 +115,10 @@ def test_generate_greedy_and_sampling():
     torch.manual_seed(1)
     s2 = model.generate(prompt, max_new_tokens=10, do_sample=True, top_k=20, top_p=0.9, eos_token_id=None)
     assert s1.shape == (1, 16) and s1.tolist() == s2.tolist()
+    top1 = model.generate(prompt, max_new_tokens=10, do_sample=True, top_k=1, eos_token_id=None)
+    assert top1.tolist() == greedy.tolist()  # sampling from the single most likely token is greedy decoding
+    hot = model.generate(prompt, max_new_tokens=10, do_sample=True, temperature=5.0, eos_token_id=None)
+    assert hot.tolist() != greedy.tolist()
 
 
 def test_padded_batch_matches_unpadded():
@@ -195,7 +203,7 @@ def test_export_to_llama_same_logits(tmp_path, norm_type):
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
     model.save_pretrained(tmp_path / "src")
-    result = subprocess.run([sys.executable, "scripts/convert_to_llama.py", tmp_path / "src", tmp_path / "dst"],
+    result = subprocess.run([sys.executable, CONVERT, tmp_path / "src", tmp_path / "dst"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     llama = LlamaForCausalLM.from_pretrained(tmp_path / "dst").eval()
@@ -210,7 +218,7 @@ def test_export_to_llama_same_logits(tmp_path, norm_type):
                                             ({"norm_type": "dyt"}, "DyT")])
 def test_export_refuses_other_variants(tmp_path, overrides, word):
     tiny_model(**overrides).save_pretrained(tmp_path / "src")
-    result = subprocess.run([sys.executable, "scripts/convert_to_llama.py", tmp_path / "src", tmp_path / "dst"],
+    result = subprocess.run([sys.executable, CONVERT, tmp_path / "src", tmp_path / "dst"],
                             capture_output=True, text=True)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

@@ -81,6 +81,20 @@ def test_exact_resume(tmp_path, env, tiny_args):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [p.name for p in halves.iterdir() if p.name.startswith("step-")] == ["step-000008"]
 
+    # resuming with another batch shape would not continue the same run: refused, checkpoint untouched
+    mismatch = run([*common, "--out_dir", halves, "--max_steps", 12, "--resume", "--batch_size", 2], env)
+    lines = mismatch.stderr.strip().splitlines()
+    assert mismatch.returncode == 2 and "--batch_size" in lines[-1] and lines[-1].startswith("error:")
+    assert (halves / "checkpoint").resolve().name == "step-000008"
+
+
+def test_compiled_model_trains_like_eager(tmp_path, env, tiny_args):
+    common = [*tiny_args, "--max_steps", 3, "--log_interval", 1, "--eval_interval", 3, "--warmup_steps", 1]
+    assert run([*common, "--out_dir", tmp_path / "eager"], env).returncode == 0
+    compiled = run([*common, "--out_dir", tmp_path / "compiled", "--compile"], env, timeout=600)
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    assert losses(tmp_path / "compiled") == pytest.approx(losses(tmp_path / "eager"), abs=1e-4)
+
 
 def test_sigterm_saves_checkpoint_and_exits_zero(tmp_path, env, tiny_args):
     out = tmp_path / "run"
@@ -124,9 +138,10 @@ def test_metrics_file_and_offline_wandb_run(tmp_path, env, tiny_args):
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     blob = b"".join(p.read_bytes() for p in runs[0].glob("*.wandb"))
-    # the binary log holds every key we logged (train, per-layer, validation, and the figure)
-    for key in (b"loss", b"grad_norm", b"residual_rms/01", b"layer_grad_norm/00", b"bpb", b"layers", b"probe"):
+    # the binary log holds every key we logged (train, per-layer, validation) and the group and run name
+    for key in (b"grad_norm", b"tokens_per_s", b"residual_rms/01", b"layer_grad_norm/00", b"bpb", b"g1", b"probe"):
         assert key in blob, key
+    assert list(runs[0].glob("files/media/images/layers_*.png"))  # the per-layer figure, as a wandb.Image
 
 
 @pytest.mark.parametrize("flags,needle", [
@@ -198,7 +213,7 @@ def test_lr_schedule_and_decay_groups():
     m = model.MiniMindForCausalLM(model.MiniMindConfig(vocab_size=64, hidden_size=32, num_attention_heads=2,
                                                        num_key_value_heads=1, num_hidden_layers=1,
                                                        norm_type="layernorm"))
-    decay, no_decay = build_optimizer(m, 1e-3, 0.1, fused=False).param_groups
+    decay, no_decay = build_optimizer(m, 1e-3, 0.1).param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.ndim == 2 for p in decay["params"])
     assert any(p is m.model.embed_tokens.weight for p in no_decay["params"])

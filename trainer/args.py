@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from model import NORM_POSITIONS, NORM_TYPES
-from trainer.cli import ArgumentParser, UserError
+from trainer.cli import ArgumentParser, UserError, require_positive
 
 # The no-flag run must finish in minutes on a 2-core CPU, so off-GPU the width shrinks; depth stays at 8
 # layers so the 17-norm structure is the one users study. On CUDA the default is MiniMind2-small (512 wide).
@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "or a Hugging Face dataset name such as roneneldan/TinyStories")
     data.add_argument("--text_field", default="text", help="column that holds the text")
     data.add_argument("--tokenizer_path", default=None, help="tokenizer directory (default: the shipped data/tokenizer)")
+    data.add_argument("--streaming", action="store_true",
+                      help="stream the corpus while tokenizing it (for corpora larger than memory)")
     data.add_argument("--max_seq_len", type=int, default=256, help="tokens per training sequence")
 
     model = p.add_argument_group("model")
@@ -36,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pre: x + F(Norm(x)) with a final norm; post: Norm(x + F(x))")
 
     opt = p.add_argument_group("optimization")
-    opt.add_argument("--max_steps", type=int, default=800, help="optimizer steps")
+    opt.add_argument("--max_steps", type=int, default=400, help="optimizer steps")
     opt.add_argument("--batch_size", type=int, default=16, help="sequences per micro-batch per process")
     opt.add_argument("--accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
     opt.add_argument("--learning_rate", type=float, default=2e-3, help="peak learning rate")
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--compile", action="store_true", help="torch.compile the model")
     run.add_argument("--seed", type=int, default=0, help="seed for initialization and batch sampling")
     run.add_argument("--log_interval", type=int, default=10, help="steps between logged metrics")
-    run.add_argument("--eval_interval", type=int, default=200, help="steps between validation evaluations")
+    run.add_argument("--eval_interval", type=int, default=100, help="steps between validation evaluations")
     run.add_argument("--eval_steps", type=int, default=20, help="validation batches per evaluation")
     run.add_argument("--save_interval", type=int, default=200, help="steps between checkpoints")
     run.add_argument("--resume", action="store_true", help="continue exactly from the checkpoint in --out_dir")
@@ -75,21 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "log_interval", "eval_interval", "eval_steps",
-            "save_interval")
+            "save_interval", "hidden_size", "lr_decay_steps", "num_proc")  # the last three may be unset
 NON_NEGATIVE = ("min_lr", "warmup_steps", "weight_decay", "grad_clip")
 
 
 def validate(args: argparse.Namespace) -> argparse.Namespace:
     """Reject bad values with one line naming the flag, before anything is loaded or written."""
-    for name in POSITIVE:
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    require_positive(args, POSITIVE)
     for name in NON_NEGATIVE:
         if getattr(args, name) < 0:
             raise UserError(f"--{name} must be >= 0, got {getattr(args, name)}")
-    for name in ("hidden_size", "lr_decay_steps", "num_proc"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UserError(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if not args.learning_rate > 0:
         raise UserError(f"--learning_rate must be > 0, got {args.learning_rate}")
     out = Path(args.out_dir)

@@ -25,8 +25,8 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 
 def rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_initialized():  # only this process's device, and only if it used CUDA at all
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -35,20 +35,22 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def save_checkpoint(out_dir: Path, model: MiniMindForCausalLM, tokenizer, training_state: dict) -> Path:
     out_dir = Path(out_dir)
     name = f"step-{training_state['step']:06d}"
     final = out_dir / name
-    if final.exists():  # e.g. a signal arrived right after a scheduled save of the same step
-        shutil.rmtree(final)
+    link = out_dir / LINK
+    if final.exists():
+        if link.is_symlink() and link.resolve() == final.resolve():
+            return final  # this very step is already the checkpoint
+        shutil.rmtree(final)  # left by a crash between its rename and the link flip; never pointed to
     with staged_directory(final) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save({**training_state, "rng": rng_state()}, tmp / STATE_FILE)
-    link = out_dir / LINK
     previous = link.resolve() if link.is_symlink() else None
     point_symlink(link, name)
     if previous is not None and previous != final.resolve():

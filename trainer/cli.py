@@ -24,10 +24,19 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # --norm must never silently mean --norm_position
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         raise UserError(f"{message} (see --help)")
+
+
+def require_positive(args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Each named flag, when set, must be a positive integer."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name} must be a positive integer, got {value}")
 
 
 def run_cli(main: Callable[[], object]) -> None:

@@ -1,5 +1,7 @@
 """What the normalization study measures inside the real model, and how fast it trains."""
 
+import re
+
 import torch
 from torch import nn
 
@@ -30,7 +32,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
         return None
     name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
+    return next((flops for key, flops in PEAK_FLOPS.items() if re.search(rf"\b{key}\b", name)), None)
 
 
 def peak_memory_mb(device: torch.device) -> float:

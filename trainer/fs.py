@@ -1,7 +1,8 @@
-"""Crash-safe writes: a directory becomes visible under its final name only once it is complete."""
+"""Crash-safe writes: a file or directory becomes visible under its final name only once it is complete."""
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,3 +33,18 @@ def point_symlink(link: Path, target_name: str) -> None:
         tmp.unlink()
     os.symlink(target_name, tmp)
     os.replace(tmp, link)
+
+
+def write_file_atomically(path: Path, write):
+    """Call write(binary_file) on a temporary file beside path, then rename it into place; return what write
+    returned. Readers never see half a file, and an interrupted write leaves only the old one."""
+    fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=Path(path).name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            result = write(f)
+        os.chmod(tmp, 0o644)  # mkstemp makes the file private; these are plain, shareable files
+        os.replace(tmp, path)
+        return result
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -51,6 +51,11 @@ class Tracker:
         self.path = Path(out_dir) / "metrics.jsonl"
         self.file = self.path.open("a")
         self.run = self._init_wandb(out_dir, config, project, name, group, run_id) if use_wandb else None
+        if self.run is not None:
+            # Charts use our own "step" as x-axis, not wandb's internal counter: after --resume the steps since
+            # the last checkpoint are logged again, and wandb would drop them as going back in time.
+            self.run.define_metric("step")
+            self.run.define_metric("*", step_metric="step")
 
     @staticmethod
     def _init_wandb(out_dir, config, project, name, group, run_id):
@@ -77,13 +82,13 @@ class Tracker:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
         if self.run is not None:
-            self.run.log(flatten(record), step=record["step"])
+            self.run.log(flatten(record))
 
     def log_figure(self, key: str, path: Path, step: int) -> None:
         if self.run is not None:
             import wandb
 
-            self.run.log({key: wandb.Image(str(path))}, step=step)
+            self.run.log({key: wandb.Image(str(path)), "step": step})
 
     def close(self) -> None:
         self.file.close()

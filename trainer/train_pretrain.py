@@ -29,7 +29,7 @@ from model.model_minimind import NORM_MODULES
 from trainer.args import CPU_HIDDEN_SIZE, GPU_HIDDEN_SIZE, parse_args
 from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from trainer.cli import UserError, run_cli
-from trainer.device import autocast, pick_device, resolve_dtype
+from trainer.device import autocast, cpu_has_bf16_matmul, pick_device, resolve_dtype
 from trainer.diagnostics import (
     block_grad_norms,
     flops_per_token,
@@ -38,6 +38,7 @@ from trainer.diagnostics import (
     residual_rms,
 )
 from trainer.evaluation import evaluate
+from trainer.fs import write_file_atomically
 from trainer.optim import build_optimizer, lr_at
 from trainer.plots import plot_layer_profiles
 from trainer.tracking import Tracker, read_metrics
@@ -84,7 +85,8 @@ class StopFlag:
 # Training
 
 
-def build_model(args, tokenizer, device: torch.device) -> MiniMindForCausalLM:
+def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
+    """The architecture the flags ask for; checked before any data is touched, so a bad flag fails at once."""
     try:
         config = MiniMindConfig(
             vocab_size=len(tokenizer),
@@ -94,54 +96,75 @@ def build_model(args, tokenizer, device: torch.device) -> MiniMindForCausalLM:
             num_key_value_heads=args.num_key_value_heads,
             norm_type=args.norm,
             norm_position=args.norm_position,
-            max_position_embeddings=max(args.max_seq_len, 32768),
+            max_position_embeddings=args.max_seq_len,  # the context it is trained for; eval_llm.py respects it
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
             bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
         )
     except ValueError as err:
         raise UserError(str(err).replace("num_", "--num_").replace("hidden_size", "--hidden_size")) from err
-    torch.manual_seed(args.seed)
+    return config
+
+
+def build_model(config: MiniMindConfig, seed: int) -> MiniMindForCausalLM:
+    torch.manual_seed(seed)
     return MiniMindForCausalLM(config)
+
+
+# Flags a checkpoint must be resumed with: other data, tokenizer or batch shape would not continue the same run.
+RESUME_MUST_MATCH = ("data_path", "text_field", "tokenizer_path", "max_seq_len", "batch_size", "accumulation_steps")
+
+
+def check_resumable(state: dict, args, world_size: int) -> None:
+    saved = state["args"]
+    for name in RESUME_MUST_MATCH:
+        if saved[name] != getattr(args, name):
+            raise UserError(f"--resume: the checkpoint was trained with --{name} {saved[name]}, not "
+                            f"{getattr(args, name)}; pass the same value (or start a new --out_dir)")
+    if len(state["sampler"]) != world_size:
+        raise UserError(f"--resume: the checkpoint was written by {len(state['sampler'])} processes, not "
+                        f"{world_size}; resume with the same number of processes")
 
 
 def keep_metrics_up_to(path: Path, step: int) -> None:
     """On resume, drop records the interrupted run logged after its last checkpoint (they are redone)."""
     if path.exists():
         kept = [r for r in read_metrics(path) if r["step"] <= step]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, path)
+        write_file_atomically(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
 
 
 def train(args) -> dict:
-    """Run one training job; returns a summary (also written to out_dir/summary.json on rank 0)."""
+    """Run one training job and return its summary: the outcome on every rank, all the numbers on rank 0 (which
+    also writes them to out_dir/summary.json)."""
     rank, world_size, device = setup_distributed(args.device)
     master = rank == 0
     dtype = resolve_dtype(args.dtype, device)
-    if dtype == torch.bfloat16 and device.type == "cpu" and master:
-        print("warning: bf16 autocast on a CPU without bf16 matmul units is much slower than float32", file=sys.stderr)
     mixed_precision = autocast(device, dtype)
     out_dir = Path(args.out_dir)
 
     tokenizer = load_tokenizer(args.tokenizer_path)
-    # Rank 0 tokenizes (and caches) first; the other ranks then read the finished cache.
-    if not master:
+    config = None if args.resume else model_config(args, tokenizer, device)
+    # One process per machine tokenizes (and caches) first; the others then read its finished cache.
+    local_master = int(os.environ.get("LOCAL_RANK", "0")) == 0
+    if not local_master:
         barrier()
-    train_data = prepare_split(args.data_path, "train", tokenizer, args.text_field, num_proc=args.num_proc)
-    val_data = prepare_split(args.data_path, "validation", tokenizer, args.text_field, num_proc=args.num_proc)
-    if master:
+    splits = [prepare_split(args.data_path, split, tokenizer, args.text_field, num_proc=args.num_proc,
+                            streaming=args.streaming) for split in ("train", "validation")]
+    if local_master:
         barrier()
+    train_data, val_data = splits
 
     sampler = BatchSampler(train_data.tokens, args.batch_size, args.max_seq_len, seed=args.seed, rank=rank,
                            world_size=world_size)
+    BatchSampler(val_data.tokens, args.batch_size, args.max_seq_len)  # a too-short split fails now, not at eval
     if args.resume:
         raw_model, state = load_checkpoint(out_dir)
+        check_resumable(state, args, world_size)
     else:
-        raw_model, state = build_model(args, tokenizer, device), None
+        raw_model, state = build_model(config, args.seed), None
     raw_model.to(device).train()
     cfg = raw_model.config
-    optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay, fused=device.type == "cuda")
+    optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     step, train_time, run_id = 0, 0.0, None
     if state is not None:
@@ -160,6 +183,8 @@ def train(args) -> dict:
     tokens_per_step = args.batch_size * args.max_seq_len * args.accumulation_steps * world_size
     step_flops = flops_per_token(num_params, cfg.num_hidden_layers, cfg.hidden_size, args.max_seq_len) * tokens_per_step
     peak = peak_flops(device, dtype)
+    if peak:
+        peak *= world_size  # utilization of all the devices together
     val_bpt = val_data.bytes_per_token
 
     tracker = None
@@ -167,11 +192,18 @@ def train(args) -> dict:
         out_dir.mkdir(parents=True, exist_ok=True)
         if args.resume:
             keep_metrics_up_to(out_dir / "metrics.jsonl", step)
-        run_name = args.wandb_run_name or f"{cfg.norm_type}-{cfg.norm_position}-s{args.seed}"
-        config = {**vars(args), "num_params": num_params, "norm_params": norm_params,
+        run_name = args.wandb_run_name or f"{cfg.norm_position}-{cfg.norm_type}-s{args.seed}"
+        run_config = {**vars(args), "num_params": num_params, "norm_params": norm_params,
                   "num_norms": count_norms(raw_model), "hidden_size": cfg.hidden_size, "world_size": world_size,
                   "device": str(device), "dtype": str(dtype).removeprefix("torch.")}
-        tracker = Tracker(out_dir, args.use_wandb, config, args.wandb_project, run_name, args.wandb_group, run_id)
+        tracker = Tracker(out_dir, args.use_wandb, run_config, args.wandb_project, run_name, args.wandb_group, run_id)
+        if device.type == "cpu":
+            if dtype == torch.bfloat16 and not cpu_has_bf16_matmul():
+                print("warning: this CPU has no bf16 matrix units; bf16 autocast trains far slower than float32",
+                      file=sys.stderr)
+            elif args.dtype == "auto" and cpu_has_bf16_matmul():
+                print("note: this CPU has AMX bf16 units; --dtype bfloat16 may train faster than the float32 default",
+                      file=sys.stderr)
         print(f"model: {num_params / 1e6:.2f}M parameters, {count_norms(raw_model)} x {cfg.norm_type} "
               f"({cfg.norm_position}-norm), hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | "
               f"{device} {str(dtype).removeprefix('torch.')} x{world_size} | train {train_data.num_tokens:,} tokens, "
@@ -269,7 +301,8 @@ def train(args) -> dict:
         pbar.close()
         stop.restore()
 
-    summary = None
+    # Every rank returns the outcome (the same on all, it was all-reduced); rank 0 adds the numbers and writes them.
+    summary = {"step": step, "max_steps": args.max_steps, "diverged": diverged, "interrupted": stop_requested}
     if master:
         records = read_metrics(out_dir / "metrics.jsonl")
         train_records = [r for r in records if r["split"] == "train"]
@@ -277,17 +310,16 @@ def train(args) -> dict:
             figure = out_dir / "layers.png"
             plot_layer_profiles({tracker.run.name if tracker.run else out_dir.name: records}, figure)
             tracker.log_figure("layers", figure, step)
-        summary = {
-            "step": step, "max_steps": args.max_steps, "diverged": diverged, "interrupted": stop_requested,
+        summary.update({
             "train_loss": train_records[-1]["loss"] if train_records else None,
             "val_loss": last_val["loss"] if last_val else None, "val_bpb": last_val["bpb"] if last_val else None,
             "tokens_per_s": step * tokens_per_step / train_time if train_time else None,
             "s_per_step": train_time / step if step else None, "train_time_s": train_time,
             "num_params": num_params, "norm_params": norm_params, "num_norms": count_norms(raw_model),
             "norm": cfg.norm_type, "norm_position": cfg.norm_position, "seed": args.seed,
-            "out_dir": str(out_dir),
-        }
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            "out_dir": str(out_dir), "args": vars(args),
+        })
+        write_file_atomically(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=1).encode()))
         tracker.close()
     return summary
 
@@ -297,7 +329,7 @@ def main() -> None:
     summary = train(args)
     if dist.is_initialized():
         dist.destroy_process_group()
-    if summary is not None and summary["diverged"]:
+    if summary["diverged"]:
         raise UserError(
             f"loss or gradient became non-finite at step {summary['step'] + 1}; the last checkpoint in {args.out_dir} "
             "is kept. Lower --learning_rate, raise --warmup_steps or set --grad_clip"
