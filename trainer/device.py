@@ -38,6 +38,6 @@ def autocast(device: torch.device, dtype: torch.dtype):
 
 
 def cpu_has_bf16_matmul() -> bool:
-    """Intel AMX tiles: the one CPU feature that makes bf16 autocast faster than fp32 (2.2x on the 26M model
-    on such a machine, scripts/bench_train.py) rather than far slower, as on CPUs without bf16 units."""
+    """Intel AMX tiles: the CPU feature that makes bf16 autocast faster than fp32 (1.9x for the 26M model on
+    such a machine, scripts/bench_train.py) rather than far slower, as on CPUs without bf16 units."""
     return getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
