@@ -125,8 +125,7 @@ def encode_prompt(tokenizer, prompt: str, context: int, max_new_tokens: int) -> 
     if limit < 1:
         raise UserError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's context "
                         f"of {context} tokens")
-    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    ids = [bos] + tokenizer.encode(prompt, add_special_tokens=False)
+    ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt, add_special_tokens=False)
     if len(ids) > limit:
         print(f"warning: prompt of {len(ids)} tokens cut to its last {limit}: the model's context is {context} "
               f"tokens and {max_new_tokens} are kept for --max_new_tokens", file=sys.stderr)
@@ -147,11 +146,11 @@ def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(), s
                "do_sample": sampling.temperature > 0}
     if options["do_sample"]:  # greedy decoding would warn that these are unused
         options.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
     torch.manual_seed(sampling.seed)
     with autocast_for(lm.device):
-        out = lm.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=pad, streamer=streamer, **options)
+        out = lm.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=tokenizer.pad_token_id,
+                          streamer=streamer, **options)
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 

@@ -56,6 +56,12 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
         raise UserError(f"{path}: cannot load the tokenizer ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
     if tokenizer.eos_token_id is None:
         raise UserError(f"{path}: the tokenizer has no eos_token; it is needed to separate documents")
+    # The document separator stands in for a missing bos (what a prompt starts after) and pad (GPT-2 convention),
+    # so the trainer and eval_llm.py can rely on both.
+    if tokenizer.bos_token is None:
+        tokenizer.bos_token = tokenizer.eos_token
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 

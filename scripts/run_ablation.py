@@ -32,7 +32,7 @@ ALL_VARIANTS = [f"{pos}-{norm}" for pos in NORM_POSITIONS for norm in sorted(NOR
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__, allow_abbrev=False,
+    p = ArgumentParser(description=__doc__,
                        epilog="All other flags are trainer flags (see python trainer/train_pretrain.py --help).")
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
                    help=f"<position>-<norm> names, or 'all' for every one of: {' '.join(ALL_VARIANTS)}")

@@ -98,8 +98,8 @@ def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
             norm_position=args.norm_position,
             max_position_embeddings=args.max_seq_len,  # the context it is trained for; eval_llm.py respects it
             eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
         )
     except ValueError as err:
         raise UserError(str(err).replace("num_", "--num_").replace("hidden_size", "--hidden_size")) from err
@@ -180,6 +180,7 @@ def train(args) -> dict:
 
     num_params = sum(p.numel() for p in raw_model.parameters())
     norm_params = sum(p.numel() for m in raw_model.modules() if isinstance(m, NORM_MODULES) for p in m.parameters())
+    num_norms, dtype_name = count_norms(raw_model), str(dtype).removeprefix("torch.")
     tokens_per_step = args.batch_size * args.max_seq_len * args.accumulation_steps * world_size
     step_flops = flops_per_token(num_params, cfg.num_hidden_layers, cfg.hidden_size, args.max_seq_len) * tokens_per_step
     peak = peak_flops(device, dtype)
@@ -194,8 +195,8 @@ def train(args) -> dict:
             keep_metrics_up_to(out_dir / "metrics.jsonl", step)
         run_name = args.wandb_run_name or f"{cfg.norm_position}-{cfg.norm_type}-s{args.seed}"
         run_config = {**vars(args), "num_params": num_params, "norm_params": norm_params,
-                  "num_norms": count_norms(raw_model), "hidden_size": cfg.hidden_size, "world_size": world_size,
-                  "device": str(device), "dtype": str(dtype).removeprefix("torch.")}
+                      "num_norms": num_norms, "hidden_size": cfg.hidden_size, "world_size": world_size,
+                      "device": str(device), "dtype": dtype_name}
         tracker = Tracker(out_dir, args.use_wandb, run_config, args.wandb_project, run_name, args.wandb_group, run_id)
         if device.type == "cpu":
             if dtype == torch.bfloat16 and not cpu_has_bf16_matmul():
@@ -204,17 +205,16 @@ def train(args) -> dict:
             elif args.dtype == "auto" and cpu_has_bf16_matmul():
                 print("note: this CPU has AMX bf16 units; --dtype bfloat16 may train faster than the float32 default",
                       file=sys.stderr)
-        print(f"model: {num_params / 1e6:.2f}M parameters, {count_norms(raw_model)} x {cfg.norm_type} "
+        print(f"model: {num_params / 1e6:.2f}M parameters, {num_norms} x {cfg.norm_type} "
               f"({cfg.norm_position}-norm), hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | "
-              f"{device} {str(dtype).removeprefix('torch.')} x{world_size} | train {train_data.num_tokens:,} tokens, "
+              f"{device} {dtype_name} x{world_size} | train {train_data.num_tokens:,} tokens, "
               f"val {val_data.num_tokens:,} tokens ({val_bpt:.2f} bytes/token)")
 
     def save() -> None:
-        samplers = [None] * world_size
+        samplers = [sampler.state_dict()]  # every rank's, so each draws its own batches after a resume
         if world_size > 1:
+            samplers = [None] * world_size
             dist.all_gather_object(samplers, sampler.state_dict())
-        else:
-            samplers = [sampler.state_dict()]
         if master:
             save_checkpoint(out_dir, raw_model, tokenizer, {
                 "step": step, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
@@ -315,7 +315,7 @@ def train(args) -> dict:
             "val_loss": last_val["loss"] if last_val else None, "val_bpb": last_val["bpb"] if last_val else None,
             "tokens_per_s": step * tokens_per_step / train_time if train_time else None,
             "s_per_step": train_time / step if step else None, "train_time_s": train_time,
-            "num_params": num_params, "norm_params": norm_params, "num_norms": count_norms(raw_model),
+            "num_params": num_params, "norm_params": norm_params, "num_norms": num_norms,
             "norm": cfg.norm_type, "norm_position": cfg.norm_position, "seed": args.seed,
             "out_dir": str(out_dir), "args": vars(args),
         })
