@@ -8,20 +8,30 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+# Per-layer statistics the trainer logs (trainer/diagnostics.py): record key, panel title, y scale.
+LAYER_PANELS = (
+    ("residual_rms", "residual stream RMS entering block", "log"),
+    ("layer_grad_norm", "gradient norm of block parameters", "log"),
+    ("block_cosine", "cosine(block input, block output)", "linear"),
+    ("max_attn_logit", "largest attention logit q.k/sqrt(d)", "linear"),
+    ("massive_activation", "max|x| / median|x| entering block", "log"),
+)
+
 
 def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
-    """Residual-stream RMS entering each block, and each block's gradient norm, at the last logged step."""
-    fig, (ax_rms, ax_grad) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, records in runs.items():
-        last = [r for r in records if r["split"] == "train"][-1]
-        layers = np.arange(len(last["residual_rms"]))
-        ax_rms.plot(layers, last["residual_rms"], marker="o", label=name)
-        ax_grad.plot(layers, last["layer_grad_norm"], marker="o", label=name)
-    ax_rms.set(title="residual stream RMS entering block", xlabel="block", yscale="log")
-    ax_grad.set(title="gradient norm of block parameters", xlabel="block", yscale="log")
-    ax_rms.legend(fontsize=8)
-    for ax in (ax_rms, ax_grad):
+    """Each per-layer statistic against block index at the last logged step, one line per run (a statistic a
+    run did not log, for example one written before it existed, is left out of that run's panel)."""
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+    for ax, (key, title, scale) in zip(axes.flat, LAYER_PANELS, strict=False):
+        for name, records in runs.items():
+            last = [r for r in records if r["split"] == "train"][-1]
+            if last.get(key) is not None:
+                ax.plot(np.arange(len(last[key])), last[key], marker="o", label=name)
+        ax.set(title=title, xlabel="block", yscale=scale)
         ax.grid(alpha=0.3)
+    legend = axes.flat[-1]  # the sixth cell holds the legend
+    legend.axis("off")
+    legend.legend(*axes.flat[0].get_legend_handles_labels(), loc="center", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -33,9 +33,9 @@ from trainer.device import autocast, cpu_has_bf16_matmul, pick_device, resolve_d
 from trainer.diagnostics import (
     block_grad_norms,
     flops_per_token,
+    layer_stats,
     peak_flops,
     peak_memory_mb,
-    residual_rms,
 )
 from trainer.evaluation import evaluate
 from trainer.fs import write_file_atomically
@@ -247,7 +247,7 @@ def train(args) -> dict:
                 # Gradients are all-reduced only on the last micro-step; the others just accumulate locally.
                 sync = nullcontext() if last_micro or world_size == 1 else model.no_sync()
                 with sync, mixed_precision:
-                    out = model(input_ids=x, shift_labels=y, output_hidden_states=log_now and last_micro)
+                    out = model(input_ids=x, shift_labels=y)
                     loss = out.loss / args.accumulation_steps
                 scaler.scale(loss).backward()
                 loss_sum += loss.detach()
@@ -284,8 +284,9 @@ def train(args) -> dict:
                     "grad_norm": grad_norm.item(), "tokens_per_s": tokens_per_s,
                     "mfu": step_flops * len(window_losses) / window_time / peak if peak else None,
                     "peak_mem_mb": peak_memory_mb(device), "train_time_s": train_time, "tokens": step * tokens_per_step,
-                    "residual_rms": residual_rms(out.hidden_states, cfg.num_hidden_layers),
                     "layer_grad_norm": layer_grads,
+                    # untimed: an extra no-grad forward of the last micro-batch at the updated weights
+                    **layer_stats(raw_model, x, mixed_precision),
                 }
                 tracker.log(record)
                 pbar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:.0f}")
