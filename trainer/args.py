@@ -33,9 +33,35 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--num_hidden_layers", type=int, default=8, help="number of transformer blocks")
     model.add_argument("--num_attention_heads", type=int, default=8, help="query heads")
     model.add_argument("--num_key_value_heads", type=int, default=2, help="key/value heads (grouped-query attention)")
-    model.add_argument("--norm", default="rmsnorm", choices=sorted(NORM_TYPES), help="normalization layer")
+    model.add_argument("--norm", default="rmsnorm", choices=sorted(NORM_TYPES),
+                       help="normalization layer, used in every norm slot of the placement. batchnorm is a "
+                            "demonstration, not a candidate: its statistics pool every position of the batch, so "
+                            "in training each token is normalized with statistics of later tokens (it leaks the "
+                            "future a causal LM must not see) and of the other sequences in the batch")
     model.add_argument("--norm_position", default="pre", choices=NORM_POSITIONS,
-                       help="pre: x + F(Norm(x)) with a final norm; post: Norm(x + F(x))")
+                       help="where the norms sit in each block. pre: x + F(N(x)), final norm (Llama); post: "
+                            "N(x + F(x)) (2017 Transformer); peri: x + N(F(N(x))), final norm (Peri-LN, Gemma 2 "
+                            "sandwich); reorder: x + N(F(x)), final norm (OLMo 2); deepnorm: N(a*x + F(x)) with "
+                            "a = (2L)^(1/4) and init scaled by (8L)^(-1/4) (DeepNet); mix: the first "
+                            "--mix_ln_fraction of the blocks post, the rest pre, final norm (Mix-LN)")
+    model.add_argument("--mix_ln_fraction", type=float, default=0.25,
+                       help="with --norm_position mix: share of the blocks, counted from the input, that are "
+                            "Post-Norm (floor(fraction * layers) of them)")
+    model.add_argument("--norm_scaling", default="none", choices=["none", "depth"],
+                       help="depth: multiply the input norms of block l (l = 1..L) by 1/sqrt(l) (LayerNorm "
+                            "Scaling, 'The Curse of Depth'); only with --norm_position pre or mix")
+    model.add_argument("--qk_norm", default="none", choices=["none", "head", "proj"],
+                       help="normalize queries and keys before RoPE with --norm's statistics. head: over each "
+                            "head's dimensions (Qwen3, Gemma 3); proj: over the whole q and k projections, "
+                            "across heads (OLMo 2)")
+    model.add_argument("--dyt_alpha_init", type=float, default=0.5,
+                       help="with --norm dyt: initial alpha of tanh(alpha * x) in every norm slot not set below "
+                            "(0.5 is the DyT paper's default for non-LLM models)")
+    for slot, where in (("attn", "the norms before attention"), ("mlp", "the norms before the MLP"),
+                        ("final", "the final norm")):
+        model.add_argument(f"--dyt_alpha_init_{slot}", type=float, default=None,
+                           help=f"with --norm dyt: initial alpha of {where} (default: --dyt_alpha_init). The "
+                                "paper's LLaMA 7B recipe is attn 0.8, mlp 0.2, final 0.2; none exists for this size")
 
     opt = p.add_argument_group("optimization")
     opt.add_argument("--max_steps", type=int, default=400, help="optimizer steps")
@@ -89,6 +115,8 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
             raise UserError(f"--{name} must be >= 0, got {getattr(args, name)}")
     if not args.learning_rate > 0:
         raise UserError(f"--learning_rate must be > 0, got {args.learning_rate}")
+    if not 0 <= args.mix_ln_fraction <= 1:
+        raise UserError(f"--mix_ln_fraction must be between 0 and 1, got {args.mix_ln_fraction}")
     out = Path(args.out_dir)
     parent = next(p for p in (out, *out.parents) if p.exists())
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):

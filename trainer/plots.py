@@ -1,4 +1,4 @@
-"""Figures from metrics.jsonl records: per-layer profiles (trainer and study) and loss curves (study)."""
+"""Figures: per-layer profiles (trainer and study), loss curves, stability grids and depth (study)."""
 
 from pathlib import Path
 
@@ -80,3 +80,47 @@ def plot_grid(values: np.ndarray, rows: list, cols: list, path: Path, title: str
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigram: float | None = None) -> None:
+    """Final validation loss against depth: per line (a variant), the mean over seeds with min..max bars.
+
+    Each point's runs are summaries with val_loss, diverged and plateaued. A depth where some seed diverged gets
+    an x at the top edge (its loss is left out of the mean; a depth where all diverged has only the x); one
+    where some seed plateaued gets a ring around its mean. unigram draws the loss of a context-free model.
+    """
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    top = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    depths = sorted({depth for points in lines.values() for depth, _ in points})
+    for index, (name, points) in enumerate(lines.items()):
+        points = sorted(points, key=lambda p: p[0])
+        finite = [(d, [r["val_loss"] for r in runs if not r["diverged"] and r["val_loss"] is not None], runs)
+                  for d, runs in points]
+        kept = [(d, np.array(v), runs) for d, v, runs in finite if v]
+        x = [d for d, _, _ in kept]
+        mean = np.array([v.mean() for _, v, _ in kept])
+        low, high = np.array([v.min() for _, v, _ in kept]), np.array([v.max() for _, v, _ in kept])
+        bars = ax.errorbar(x, mean, yerr=[mean - low, high - mean], marker="o", capsize=3, label=name)
+        color = bars.lines[0].get_color()
+        for (d, _, runs), m in zip(kept, mean, strict=True):
+            if any(r["plateaued"] for r in runs):
+                ax.plot(d, m, marker="o", ms=15, mfc="none", mew=1.5, color=color)
+        for d, _, runs in finite:
+            if any(r["diverged"] for r in runs):
+                # shifted a little per line, so two lines' marks at one depth stay apart (x is log-scaled)
+                shift = 1.04 ** (index - (len(lines) - 1) / 2)
+                ax.plot(d * shift, 0.98, marker="x", ms=10, mew=2, color=color, transform=top, clip_on=False)
+    if unigram is not None:
+        ax.axhline(unigram, color="gray", ls=":", label=f"unigram model ({unigram:.2f})")
+    ax.plot([], [], "kx", label="x at top: a seed diverged")
+    ax.plot([], [], "ko", mfc="none", ms=12, label="ring: a seed plateaued")
+    ax.set(xscale="log", xlabel="blocks (depth)", ylabel="final validation loss",
+           title="final val loss vs depth (mean, bars = min..max over seeds)")
+    ax.set_xticks(depths, [str(d) for d in depths])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+

@@ -10,6 +10,7 @@ The loop lives in train(args), which the ablation runner calls too.
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -96,13 +97,22 @@ def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
             num_key_value_heads=args.num_key_value_heads,
             norm_type=args.norm,
             norm_position=args.norm_position,
+            mix_ln_fraction=args.mix_ln_fraction,
+            norm_scaling=args.norm_scaling,
+            qk_norm=args.qk_norm,
+            dyt_alpha_init=args.dyt_alpha_init,
+            dyt_alpha_init_attn=args.dyt_alpha_init_attn,
+            dyt_alpha_init_mlp=args.dyt_alpha_init_mlp,
+            dyt_alpha_init_final=args.dyt_alpha_init_final,
             max_position_embeddings=args.max_seq_len,  # the context it is trained for; eval_llm.py respects it
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
         )
-    except ValueError as err:
-        raise UserError(str(err).replace("num_", "--num_").replace("hidden_size", "--hidden_size")) from err
+    except ValueError as err:  # name the flags, not the config fields
+        message = re.sub(r"\b(num_\w+|hidden_size|norm_position|norm_scaling|qk_norm|mix_ln_fraction|dyt_alpha_init\w*)\b",
+                         r"--\1", str(err))
+        raise UserError(re.sub(r"\bnorm_type\b", "--norm", message)) from err
     return config
 
 
