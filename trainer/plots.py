@@ -1,4 +1,5 @@
-"""Figures: per-layer profiles (trainer and study), loss curves, stability grids and depth (study)."""
+"""Figures: per-layer profiles (trainer and study), loss curves, stability grids and depth (study), signal
+propagation at initialization (scripts/signal_propagation.py)."""
 
 from pathlib import Path
 
@@ -124,3 +125,38 @@ def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigr
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
+
+def plot_signal_propagation(results: list[dict], path: Path) -> None:
+    """Per-block statistics at initialization (scripts/signal_propagation.py), one line per variant: against the
+    block index at the largest depth measured (top row) and against depth (bottom row)."""
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    deep = max(r["depth"] for r in results)
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    for variant in variants:
+        runs = sorted((r for r in results if r["variant"] == variant), key=lambda r: r["depth"])
+        deepest = runs[-1] if runs[-1]["depth"] == deep else None
+        if deepest:
+            for ax, key in zip(axes[0], ("residual_rms", "layer_grad_norm", "block_cosine"), strict=True):
+                ax.plot(np.arange(deep), deepest[key], label=variant)
+        depths = [r["depth"] for r in runs]
+        per_depth = ([r["residual_rms"][-1] for r in runs], [r["layer_grad_norm"][0] for r in runs],
+                     [r["gradient_spread"] for r in runs])
+        for ax, values in zip(axes[1], per_depth, strict=True):
+            ax.plot(depths, values, marker="o", label=variant)
+    titles = [(f"residual stream RMS entering block (L={deep})", "log"),
+              (f"gradient norm of block parameters (L={deep})", "log"),
+              (f"cosine(block input, block output) (L={deep})", "linear")]
+    for ax, (title, scale) in zip(axes[0], titles, strict=True):
+        ax.set(title=title, xlabel="block", yscale=scale)
+    for ax, title in zip(axes[1], ("residual RMS entering the last block", "gradient norm of the first block",
+                                   "block gradient norm max / min"), strict=True):
+        ax.set(title=title, xlabel="blocks (depth)", xscale="log", yscale="log")
+        ax.set_xticks(sorted({r["depth"] for r in results}), [str(d) for d in sorted({r["depth"] for r in results})])
+        ax.minorticks_off()
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("signal propagation at initialization, one forward and backward of the LM loss")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
