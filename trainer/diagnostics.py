@@ -39,11 +39,13 @@ def max_attention_logit(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     q is [batch, heads, seq, head_dim] and k [batch, kv_heads, seq, head_dim]; query head h reads key head
     h // (heads / kv_heads), as scaled_dot_product_attention does with enable_gqa.
     """
-    head_dim, seq = q.shape[-1], q.shape[-2]
-    k = k.float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    batch, heads, seq, head_dim = q.shape
+    k = k.float().repeat_interleave(heads // k.shape[1], dim=1)
     future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
-    # One sequence at a time: [heads, seq, seq] stays small where [batch, heads, seq, seq] may not fit.
-    best = [(qb @ kb.transpose(-1, -2)).masked_fill_(future, -math.inf).amax() for qb, kb in zip(q.float(), k, strict=True)]
+    # A few sequences at a time, about 2^24 logits per chunk: all of them at once may not fit in memory.
+    chunk = max(1, 2**24 // (heads * seq * seq))
+    best = [(qc.float() @ kc.transpose(-1, -2)).masked_fill_(future, -math.inf).amax()
+            for qc, kc in zip(q.split(chunk), k.split(chunk), strict=True)]
     return torch.stack(best).amax() / math.sqrt(head_dim)
 
 
