@@ -21,7 +21,7 @@ from tqdm import tqdm
 from transformers import LlamaForCausalLM
 
 from model import MiniMindConfig, MiniMindForCausalLM
-from model.llama_export import llama_config
+from model.hf_export import hf_config
 from trainer.cli import ArgumentParser, require_positive, run_cli
 from trainer.device import autocast, pick_device, resolve_dtype
 from trainer.optim import build_optimizer
@@ -70,7 +70,7 @@ def main() -> None:
     torch.manual_seed(0)
     config = MiniMindConfig(hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers)
     minimind = MiniMindForCausalLM(config).to(device).train()
-    llama = LlamaForCausalLM(llama_config(config)).to(device).train()
+    llama = LlamaForCausalLM(hf_config(config, "llama")).to(device).train()
     llama.load_state_dict(minimind.state_dict())
     window = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len + 1), device=device)
     x, y = window[:, :-1], window[:, 1:]
