@@ -7,12 +7,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from data import load_tokenizer, prepare_split
-from model import NORM_POSITIONS, NORM_TYPES
+from model import NORM_POSITIONS, NORM_TYPES, norm_variant
 from scripts import run_ablation
+from trainer.args import build_parser
 from trainer.cli import UserError
 from trainer.tracking import read_metrics
+from trainer.train_pretrain import model_config
 
 TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--num_key_value_heads", "1",
         "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "2", "--num_proc", "1", "--log_interval", "2"]
@@ -42,6 +45,34 @@ def test_variants_are_looked_up_not_split():
     assert len(run_ablation.VARIANTS) == len(run_ablation.PLACEMENTS) * len(NORM_TYPES)
     study, _ = run_ablation.parse_args(["--variants", "all"])
     assert study.variants == list(run_ablation.VARIANTS) and "pre+qk_head-batchnorm" in study.variants
+
+
+def test_variant_names_are_the_models_own_names_for_them(tiny_tokenizer):
+    """Each variant's flags build a model that calls itself by the variant's name (model.norm_variant)."""
+    for name, fields in run_ablation.VARIANTS.items():
+        if fields["qk_norm"] != "none" and fields["norm"] == "none":
+            continue  # QK-norm needs a norm type; the trainer refuses this pair (next test)
+        args = build_parser().parse_args([])
+        vars(args).update(fields)
+        assert norm_variant(model_config(args, tiny_tokenizer, torch.device("cpu"))) == name
+
+
+def test_placement_flags_reach_the_config_and_bad_pairs_name_the_flags(tiny_tokenizer):
+    args = build_parser().parse_args(["--norm_position", "mix", "--norm_scaling", "depth", "--qk_norm", "proj",
+                                      "--mix_ln_fraction", "0.5", "--norm", "dyt", "--dyt_alpha_init", "0.7",
+                                      "--dyt_alpha_init_attn", "0.8", "--dyt_alpha_init_mlp", "0.2",
+                                      "--dyt_alpha_init_final", "0.1"])
+    config = model_config(args, tiny_tokenizer, torch.device("cpu"))
+    assert (config.norm_position, config.norm_scaling, config.qk_norm, config.mix_ln_fraction, config.norm_type) == (
+        "mix", "depth", "proj", 0.5, "dyt")
+    assert (config.dyt_alpha_init, config.dyt_alpha_init_attn, config.dyt_alpha_init_mlp,
+            config.dyt_alpha_init_final) == (0.7, 0.8, 0.2, 0.1)
+    for flags, named in ((["--norm_position", "post", "--norm_scaling", "depth"], ("--norm_scaling", "--norm_position")),
+                         (["--qk_norm", "head", "--norm", "none"], ("--qk_norm",)),
+                         (["--mix_ln_fraction", "1.5"], ("--mix_ln_fraction",))):
+        with pytest.raises(UserError) as err:
+            model_config(build_parser().parse_args(flags), tiny_tokenizer, torch.device("cpu"))
+        assert all(flag in str(err.value) for flag in named) and "\n" not in str(err.value), str(err.value)
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -88,18 +119,19 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study, capsys):
 
 
 def test_depths_give_one_run_per_depth_with_that_many_layers(study):
-    out = study("--variants", "pre-rmsnorm", "--depths", "1", "3", "--max_steps", "2", "--eval_interval", "2")
+    out = study("--variants", "mix+depth-rmsnorm", "--depths", "1", "4", "--max_steps", "2", "--eval_interval", "2")
     runs = json.loads((out / "results.json").read_text())
-    assert sorted(r["depth"] for r in runs) == [1, 3]
+    assert sorted(r["depth"] for r in runs) == [1, 4]
     for r in runs:
-        assert Path(r["out_dir"]).name == f"pre-rmsnorm-L{r['depth']}-lr0.002-wu50-s0"
+        assert Path(r["out_dir"]).name == f"mix+depth-rmsnorm-L{r['depth']}-lr0.002-wu50-s0"
         config = json.loads((Path(r["out_dir"]) / "checkpoint" / "config.json").read_text())
         assert config["num_hidden_layers"] == r["args"]["num_hidden_layers"] == r["depth"]
+        assert (config["norm_position"], config["norm_scaling"], config["qk_norm"]) == ("mix", "depth", "none")
         last = [m for m in read_metrics(Path(r["out_dir"]) / "metrics.jsonl") if m["split"] == "train"][-1]
         assert len(last["residual_rms"]) == len(last["block_cosine"]) == r["depth"]
-        assert r["num_norms"] == 2 * r["depth"] + 1
+        assert r["num_norms"] == 2 * r["depth"] + 1  # floor(L / 4) Post blocks, the rest Pre, a final norm
     table = (out / "results.md").read_text()
-    assert "| pre-rmsnorm | 1 |" in table and "| pre-rmsnorm | 3 |" in table
+    assert "| mix+depth-rmsnorm | 1 |" in table and "| mix+depth-rmsnorm | 4 |" in table
     assert (out / "depth.png").stat().st_size > 0 and "![depth](depth.png)" in table
 
 

@@ -7,7 +7,7 @@ from argparse import Namespace
 import pytest
 import torch
 
-from model import MiniMindConfig, MiniMindForCausalLM
+from model import NORM_POSITIONS, QK_NORMS, MiniMindConfig, MiniMindForCausalLM
 from model.model_minimind import Attention, RotaryEmbedding, apply_rotary
 from trainer.args import parse_args
 from trainer.diagnostics import block_cosine, layer_stats, massive_activation_ratio, max_attention_logit, rms
@@ -66,8 +66,8 @@ def test_max_attention_logit_of_an_attention_layer_with_known_weights():
 
 def tiny_model(**overrides) -> MiniMindForCausalLM:
     torch.manual_seed(0)
-    config = MiniMindConfig(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                            num_key_value_heads=2, **overrides)
+    config = MiniMindConfig(**{"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, **overrides})
     return MiniMindForCausalLM(config)
 
 
@@ -95,6 +95,40 @@ def test_layer_stats_match_a_direct_computation_for_pre_norm():
             assert stats["block_cosine"][i] == pytest.approx(cosines.mean().item(), rel=1e-5)
             assert stats["massive_activation"][i] == pytest.approx((x.abs().max() / x.abs().median()).item(), rel=1e-5)
     assert model.training and not any(block._forward_hooks or block.self_attn._forward_pre_hooks for block in layers)
+
+
+def test_layer_stats_leave_batchnorm_running_statistics_alone():
+    model = tiny_model(norm_type="batchnorm")
+    before = {name: b.clone() for name, b in model.named_buffers()}
+    layer_stats(model, torch.randint(0, 64, (2, 12)))
+    assert model.training and all(torch.equal(b, before[name]) for name, b in model.named_buffers())
+    model(input_ids=torch.randint(0, 64, (2, 12)))  # a training-mode forward does move them: the check has teeth
+    assert not all(torch.equal(b, before[name]) for name, b in model.named_buffers())
+
+
+@pytest.mark.parametrize("qk_norm", QK_NORMS)
+@pytest.mark.parametrize("position", NORM_POSITIONS)
+def test_layer_stats_read_what_attention_sees_in_every_placement(position, qk_norm):
+    """The hook must see the attention's real input: the block input itself where the placement has no norm
+    before attention (post, reorder, deepnorm, Mix-LN's Post blocks), else that norm's output (times LayerNorm
+    Scaling's factor). With unit-gain per-head QK-norm every logit is at most sqrt(head_dim)."""
+    scaling = "depth" if position in ("pre", "mix") else "none"
+    model = tiny_model(norm_position=position, qk_norm=qk_norm, norm_scaling=scaling, mix_ln_fraction=0.5,
+                       num_hidden_layers=4)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(2))
+    stats = layer_stats(model, ids)
+    with torch.no_grad():
+        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
+        rope = model.model.rotary_emb(torch.arange(12)[None], torch.float32)
+        for i, block in enumerate(model.model.layers):
+            h = hidden[i]
+            if block.plan.attn.before:
+                h = getattr(block, block.plan.attn.before)(h) * block.plan.input_scale
+            expected = max_attention_logit(*block.self_attn.project_qk(h, rope)).item()
+            assert stats["max_attn_logit"][i] == pytest.approx(expected, rel=1e-5), i
+            if qk_norm == "head":  # per-head RMS 1 (proj normalizes all heads together: no per-head bound)
+                assert stats["max_attn_logit"][i] <= math.sqrt(8) + 1e-4
+        assert stats["residual_rms"] == pytest.approx([rms(x).item() for x in hidden[:4]], rel=1e-5)
 
 
 def test_trainer_logs_every_diagnostic_per_layer(tmp_path, tiny_corpus, tiny_tokenizer_dir, monkeypatch):

@@ -4,7 +4,7 @@ import argparse
 import os
 from pathlib import Path
 
-from model import NORM_POSITIONS, NORM_TYPES
+from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS
 from trainer.cli import ArgumentParser, UserError, require_positive
 
 # The no-flag run must finish in minutes on a 2-core CPU, so off-GPU the width shrinks; depth stays at 8
@@ -47,10 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--mix_ln_fraction", type=float, default=0.25,
                        help="with --norm_position mix: share of the blocks, counted from the input, that are "
                             "Post-Norm (floor(fraction * layers) of them)")
-    model.add_argument("--norm_scaling", default="none", choices=["none", "depth"],
+    model.add_argument("--norm_scaling", default="none", choices=NORM_SCALINGS,
                        help="depth: multiply the input norms of block l (l = 1..L) by 1/sqrt(l) (LayerNorm "
                             "Scaling, 'The Curse of Depth'); only with --norm_position pre or mix")
-    model.add_argument("--qk_norm", default="none", choices=["none", "head", "proj"],
+    model.add_argument("--qk_norm", default="none", choices=QK_NORMS,
                        help="normalize queries and keys before RoPE with --norm's statistics. head: over each "
                             "head's dimensions (Qwen3, Gemma 3); proj: over the whole q and k projections, "
                             "across heads (OLMo 2)")
@@ -115,8 +115,6 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
             raise UserError(f"--{name} must be >= 0, got {getattr(args, name)}")
     if not args.learning_rate > 0:
         raise UserError(f"--learning_rate must be > 0, got {args.learning_rate}")
-    if not 0 <= args.mix_ln_fraction <= 1:
-        raise UserError(f"--mix_ln_fraction must be between 0 and 1, got {args.mix_ln_fraction}")
     out = Path(args.out_dir)
     parent = next(p for p in (out, *out.parents) if p.exists())
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
