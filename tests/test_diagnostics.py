@@ -6,6 +6,7 @@ from argparse import Namespace
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from model import NORM_POSITIONS, QK_NORMS, MiniMindConfig, MiniMindForCausalLM
 from model.model_minimind import Attention, RotaryEmbedding, apply_rotary
@@ -129,6 +130,20 @@ def test_layer_stats_read_what_attention_sees_in_every_placement(position, qk_no
             if qk_norm == "head":  # per-head RMS 1 (proj normalizes all heads together: no per-head bound)
                 assert stats["max_attn_logit"][i] <= math.sqrt(8) + 1e-4
         assert stats["residual_rms"] == pytest.approx([rms(x).item() for x in hidden[:4]], rel=1e-5)
+
+
+def test_layer_stats_between_steps_do_not_retrace_a_compiled_model():
+    """The trainer compiles the model but takes the statistics from the raw one: no new graph at log steps."""
+    torch._dynamo.reset()
+    counters.clear()
+    raw = tiny_model(qk_norm="head")
+    compiled = torch.compile(raw, backend="eager")  # Dynamo's tracing and guards, without the C++ compile
+    ids = torch.randint(0, 64, (2, 8))
+    for step in range(4):
+        compiled(input_ids=ids, shift_labels=ids).loss.backward()
+        if step % 2:
+            layer_stats(raw, ids)
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 def test_trainer_logs_every_diagnostic_per_layer(tmp_path, tiny_corpus, tiny_tokenizer_dir, monkeypatch):

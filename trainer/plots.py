@@ -8,6 +8,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 # Per-layer statistics the trainer logs (trainer/diagnostics.py): record key, panel title, y scale.
 LAYER_PANELS = (
@@ -29,6 +30,7 @@ def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
             if last.get(key) is not None:
                 ax.plot(np.arange(len(last[key])), last[key], marker="o", label=name)
         ax.set(title=title, xlabel="block", yscale=scale)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     legend = axes.flat[-1]  # the sixth cell holds the legend
     legend.axis("off")
@@ -129,20 +131,21 @@ def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigr
 def plot_signal_propagation(results: list[dict], path: Path) -> None:
     """Per-block statistics at initialization (scripts/signal_propagation.py), one line per variant: against the
     block index at the largest depth measured (top row) and against depth (bottom row)."""
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    fig, axes = plt.subplots(2, 3, figsize=(17, 8))
     deep = max(r["depth"] for r in results)
     variants = list(dict.fromkeys(r["variant"] for r in results))
-    for variant in variants:
+    for index, variant in enumerate(variants):
+        style = {"label": variant, "ls": ("-", "--", "-.", ":")[index % 4]}  # coinciding lines stay visible
         runs = sorted((r for r in results if r["variant"] == variant), key=lambda r: r["depth"])
         deepest = runs[-1] if runs[-1]["depth"] == deep else None
         if deepest:
             for ax, key in zip(axes[0], ("residual_rms", "layer_grad_norm", "block_cosine"), strict=True):
-                ax.plot(np.arange(deep), deepest[key], label=variant)
+                ax.plot(np.arange(deep), deepest[key], **style)
         depths = [r["depth"] for r in runs]
         per_depth = ([r["residual_rms"][-1] for r in runs], [r["layer_grad_norm"][0] for r in runs],
                      [r["gradient_spread"] for r in runs])
         for ax, values in zip(axes[1], per_depth, strict=True):
-            ax.plot(depths, values, marker="o", label=variant)
+            ax.plot(depths, values, marker="o", **style)
     titles = [(f"residual stream RMS entering block (L={deep})", "log"),
               (f"gradient norm of block parameters (L={deep})", "log"),
               (f"cosine(block input, block output) (L={deep})", "linear")]
@@ -155,8 +158,8 @@ def plot_signal_propagation(results: list[dict], path: Path) -> None:
         ax.minorticks_off()
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    fig.legend(*axes[1][0].get_legend_handles_labels(), loc="center right", fontsize=9)
     fig.suptitle("signal propagation at initialization, one forward and backward of the LM loss")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
