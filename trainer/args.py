@@ -55,10 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "head's dimensions (Qwen3, Gemma 3); proj: over the whole q and k projections, "
                             "across heads (OLMo 2)")
     model.add_argument("--dyt_alpha_init", type=float, default=0.5,
-                       help="with --norm dyt: initial alpha of tanh(alpha * x) in every norm slot not set below "
-                            "(0.5 is the DyT paper's default for non-LLM models)")
-    for slot, where in (("attn", "the norms before attention"), ("mlp", "the norms before the MLP"),
-                        ("final", "the final norm")):
+                       help="with --norm dyt: initial alpha of tanh(alpha * x) in every norm not set below, "
+                            "QK-norms included (0.5 is the DyT paper's default for non-LLM models)")
+    for slot, where in (("attn", "the attention sublayer's norms (before it, in pre)"),
+                        ("mlp", "the MLP sublayer's norms (before it, in pre)"), ("final", "the final norm")):
         model.add_argument(f"--dyt_alpha_init_{slot}", type=float, default=None,
                            help=f"with --norm dyt: initial alpha of {where} (default: --dyt_alpha_init). The "
                                 "paper's LLaMA 7B recipe is attn 0.8, mlp 0.2, final 0.2; none exists for this size")
