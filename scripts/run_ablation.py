@@ -22,6 +22,7 @@ import numpy as np
 
 from model import NORM_POSITIONS, NORM_TYPES
 from trainer.args import build_parser, validate
+from trainer.checkpoint import find_checkpoints
 from trainer.cli import ArgumentParser, UserError, run_cli
 from trainer.plots import plot_grid, plot_layer_profiles, plot_loss_curves
 from trainer.tracking import read_metrics
@@ -48,8 +49,8 @@ def parse_args(argv=None):
         if v not in ALL_VARIANTS:
             raise UserError(f"unknown variant {v!r}; choose from {', '.join(ALL_VARIANTS)} or 'all'")
     trainer_args = build_parser().parse_args(rest)
-    if {"--seed", "--norm", "--norm_position", "--resume"} & {a.split("=")[0] for a in rest}:
-        raise UserError("--seed, --norm, --norm_position and --resume are set per run by the study; "
+    if {"--seed", "--norm", "--norm_position", "--resume", "--overwrite"} & {a.split("=")[0] for a in rest}:
+        raise UserError("--seed, --norm, --norm_position, --resume and --overwrite are set per run by the study; "
                         "use --seeds and --variants (finished runs are reused automatically)")
     own.variants = variants
     own.learning_rates = own.learning_rates or [trainer_args.learning_rate]
@@ -64,7 +65,8 @@ def run_name(variant: str, lr: float, warmup: int, seed: int) -> str:
 
 
 # Flags that do not change what a run computes, so a finished run made with other values is still valid.
-BOOKKEEPING = {"out_dir", "resume", "use_wandb", "wandb_project", "wandb_run_name", "wandb_group", "num_proc"}
+BOOKKEEPING = {"out_dir", "resume", "overwrite", "keep_checkpoints", "use_wandb", "wandb_project", "wandb_run_name",
+               "wandb_group", "num_proc"}
 
 
 def run_one(base, study, variant: str, lr: float, warmup: int, seed: int) -> dict:
@@ -75,7 +77,10 @@ def run_one(base, study, variant: str, lr: float, warmup: int, seed: int) -> dic
     args.norm, args.norm_position, args.seed = norm, position, seed
     args.learning_rate, args.warmup_steps = lr, warmup
     args.min_lr = min(base.min_lr, lr)
-    args.out_dir, args.resume = str(out_dir), (out_dir / "checkpoint").exists()
+    # A run with a checkpoint continues; one without starts afresh over whatever a crash before its first
+    # checkpoint left in its folder (this study's own, named after the run).
+    args.out_dir, args.resume = str(out_dir), bool(find_checkpoints(out_dir))
+    args.overwrite = not args.resume
     args.wandb_group = base.wandb_group or Path(study.out_dir).name
     args.wandb_run_name = run_name(variant, lr, warmup, seed)
     done = out_dir / "summary.json"
