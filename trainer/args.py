@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS
+from trainer.checkpoint import find_checkpoints
 from trainer.cli import ArgumentParser, UserError, require_positive
 
 # The no-flag run must finish in minutes on a 2-core CPU, so off-GPU the width shrinks; depth stays at 8
@@ -89,7 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--eval_interval", type=int, default=100, help="steps between validation evaluations")
     run.add_argument("--eval_steps", type=int, default=20, help="validation batches per evaluation")
     run.add_argument("--save_interval", type=int, default=200, help="steps between checkpoints")
-    run.add_argument("--resume", action="store_true", help="continue exactly from the checkpoint in --out_dir")
+    run.add_argument("--resume", action="store_true",
+                     help="continue exactly from the newest checkpoint in --out_dir that loads")
+    run.add_argument("--overwrite", action="store_true",
+                     help="start afresh in an --out_dir that holds another run, deleting its checkpoints and metrics")
+    run.add_argument("--keep_checkpoints", type=int, default=2,
+                     help="how many of the newest checkpoints to keep (earlier ones are what --resume falls back "
+                          "to when the newest is damaged)")
     run.add_argument("--num_proc", type=int, default=None, help="processes for tokenizing the corpus")
 
     log = p.add_argument_group("wandb")
@@ -103,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "log_interval", "eval_interval", "eval_steps",
-            "save_interval", "hidden_size", "lr_decay_steps", "num_proc")  # the last three may be unset
+            "save_interval", "keep_checkpoints", "hidden_size", "lr_decay_steps", "num_proc")  # the last three may be unset
 NON_NEGATIVE = ("min_lr", "warmup_steps", "weight_decay", "grad_clip")
 
 
@@ -119,7 +126,9 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     parent = next(p for p in (out, *out.parents) if p.exists())
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"--out_dir {out} is not writable ({parent} is not a writable directory)")
-    if args.resume and not (out / "checkpoint").exists():
+    if args.resume and args.overwrite:
+        raise UserError("--resume continues the run in --out_dir and --overwrite discards it; pass one of them")
+    if args.resume and not find_checkpoints(out):
         raise UserError(f"--resume: no checkpoint in {out}; run without --resume to start fresh")
     return args
 

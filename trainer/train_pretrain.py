@@ -19,12 +19,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+
+def interrupted_while_loading(signum, frame):
+    sys.exit(f"error: interrupted by {signal.Signals(signum).name}; nothing was written")
+
+
+if __name__ == "__main__":  # Ctrl-C or SIGTERM while the libraries below load (seconds on a busy machine) ends
+    for sig in (signal.SIGINT, signal.SIGTERM):  # with one line, not a traceback from inside an import
+        signal.signal(sig, interrupted_while_loading)
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from data import BatchSampler, bits_per_byte, load_tokenizer, prepare_split
+from data import (
+    HOLDOUT_EVERY,
+    BatchSampler,
+    PackedTokens,
+    bits_per_byte,
+    load_tokenizer,
+    prepare_split,
+    tokenizer_fingerprint,
+)
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms
 from model.model_minimind import NORM_MODULES
 from trainer.args import CPU_HIDDEN_SIZE, GPU_HIDDEN_SIZE, parse_args
@@ -40,8 +57,10 @@ from trainer.diagnostics import (
 )
 from trainer.evaluation import evaluate
 from trainer.fs import write_file_atomically
+from trainer.memory import require_step_fits
 from trainer.optim import build_optimizer, lr_at
 from trainer.plots import plot_layer_profiles
+from trainer.run_dir import claim_run_dir, discard_run
 from trainer.tracking import Tracker, read_metrics
 
 # ---------------------------------------------------------------------------------------------------------
@@ -76,6 +95,29 @@ class StopFlag:
 
     def _handle(self, signum, frame):
         self.requested = True
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+class InterruptGuard:
+    """Outside the loop, SIGTERM acts like Ctrl-C: it raises KeyboardInterrupt in this process, so every cleanup
+    runs (temporary files removed, the run directory unlocked). Forked tokenizer workers leave Ctrl-C to this
+    process, which stops them, and die quietly on SIGTERM. `signal` names the signal once one came."""
+
+    def __init__(self):
+        self.pid, self.signal = os.getpid(), None
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        if os.getpid() != self.pid:
+            if signum == signal.SIGTERM:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            return
+        self.signal = signal.Signals(signum).name
+        raise KeyboardInterrupt
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():
@@ -121,19 +163,63 @@ def build_model(config: MiniMindConfig, seed: int) -> MiniMindForCausalLM:
     return MiniMindForCausalLM(config)
 
 
-# Flags a checkpoint must be resumed with: other data, tokenizer or batch shape would not continue the same run.
-RESUME_MUST_MATCH = ("data_path", "text_field", "tokenizer_path", "max_seq_len", "batch_size", "accumulation_steps")
+# Flags a checkpoint must be resumed with: another batch shape, seed (its RNG states are restored instead) or
+# weight decay (the optimizer state carries its own) would not continue the same run.
+RESUME_MUST_MATCH = ("max_seq_len", "batch_size", "accumulation_steps", "seed", "weight_decay")
+# The architecture comes from the checkpoint: each flag and its name in the model config.
+ARCHITECTURE = {"hidden_size": "hidden_size", "num_hidden_layers": "num_hidden_layers",
+                "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads",
+                "norm": "norm_type", "norm_position": "norm_position"}
+# What checkpoints from before data fingerprints compare instead: the flags naming the data and tokenizer.
+DATA_FLAGS = ("data_path", "text_field", "tokenizer_path")
 
 
-def check_resumable(state: dict, args, world_size: int) -> None:
+def data_fingerprint(tokenizer, train_data: PackedTokens, val_data: PackedTokens) -> dict:
+    """What the run trains and evaluates on, whatever the paths were called: the tokenizer's hash and each
+    split's token count and checksum."""
+    return {"tokenizer": tokenizer_fingerprint(tokenizer),
+            **{d.split: {"num_tokens": d.num_tokens, "sha256": d.sha256} for d in (train_data, val_data)}}
+
+
+def check_resumable(state: dict, config: MiniMindConfig, args, data: dict, world_size: int) -> None:
+    """Refuse, in one line, a --resume that would not continue the same run."""
     saved = state["args"]
-    for name in RESUME_MUST_MATCH:
+    for name in RESUME_MUST_MATCH + (() if "data" in state else DATA_FLAGS):
         if saved[name] != getattr(args, name):
             raise UserError(f"--resume: the checkpoint was trained with --{name} {saved[name]}, not "
                             f"{getattr(args, name)}; pass the same value (or start a new --out_dir)")
+    for flag, field in ARCHITECTURE.items():
+        given = getattr(args, flag)
+        if given is not None and given != getattr(config, field):
+            raise UserError(f"--resume: the checkpoint's model has --{flag} {getattr(config, field)}, not {given}; "
+                            "pass the same value (or start a new --out_dir for another model)")
+    recorded = state.get("data", data)
+    if recorded["tokenizer"] != data["tokenizer"]:
+        raise UserError(f"--resume: --tokenizer_path {args.tokenizer_path or 'default'} is not the tokenizer the "
+                        "checkpoint was trained with (a copy of that one is in the checkpoint folder); pass it, "
+                        "or start a new --out_dir")
+    for split in ("train", "validation"):
+        if recorded[split] != data[split]:
+            raise UserError(f"--resume: the {split} split of --data_path {args.data_path or 'default'} is not the "
+                            f"data the checkpoint was trained on ({recorded[split]['num_tokens']:,} tokens then, "
+                            f"{data[split]['num_tokens']:,} now; was it edited?); pass the original data, or "
+                            "start a new --out_dir")
     if len(state["sampler"]) != world_size:
         raise UserError(f"--resume: the checkpoint was written by {len(state['sampler'])} processes, not "
                         f"{world_size}; resume with the same number of processes")
+
+
+def require_window(data: PackedTokens, args) -> None:
+    """A split too short for one sequence fails now, not at the first batch or evaluation."""
+    if data.num_tokens > args.max_seq_len:
+        return
+    fix = ": lower --max_seq_len or add data"
+    if data.split == "validation":
+        fix = (f"; a source without a validation split of its own gives it every {HOLDOUT_EVERY}th document (0, "
+               f"{HOLDOUT_EVERY}, {2 * HOLDOUT_EVERY}, ...): lower --max_seq_len, or give those documents more text "
+               "or the source more documents")
+    raise UserError(f"the {data.split} split of --data_path {args.data_path or 'default'} has {data.num_tokens} "
+                    f"tokens, fewer than --max_seq_len + 1 = {args.max_seq_len + 1}{fix}")
 
 
 def keep_metrics_up_to(path: Path, step: int) -> None:
@@ -145,15 +231,30 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
 
 def train(args) -> dict:
     """Run one training job and return its summary: the outcome on every rank, all the numbers on rank 0 (which
-    also writes them to out_dir/summary.json)."""
+    also writes them to out_dir/summary.json). Rank 0 owns out_dir meanwhile (see trainer/run_dir.py)."""
     rank, world_size, device = setup_distributed(args.device)
+    interrupts = InterruptGuard()
+    try:
+        tokenizer = load_tokenizer(args.tokenizer_path)
+        config = None if args.resume else model_config(args, tokenizer, device)
+        with claim_run_dir(Path(args.out_dir), args.resume, args.overwrite) if rank == 0 else nullcontext():
+            return run_training(args, rank, world_size, device, tokenizer, config)
+    except BaseException:
+        if interrupts.signal is None:
+            raise
+        # Whatever became of the KeyboardInterrupt (datasets' worker pool turns it into an error of its own).
+        raise UserError(f"interrupted by {interrupts.signal}; nothing half-written was left behind: run the same "
+                        "command again (with --resume if a checkpoint was saved)") from None
+    finally:
+        interrupts.restore()
+
+
+def run_training(args, rank: int, world_size: int, device: torch.device, tokenizer, config) -> dict:
     master = rank == 0
     dtype = resolve_dtype(args.dtype, device)
     mixed_precision = autocast(device, dtype)
     out_dir = Path(args.out_dir)
 
-    tokenizer = load_tokenizer(args.tokenizer_path)
-    config = None if args.resume else model_config(args, tokenizer, device)
     # One process per machine tokenizes (and caches) first; the others then read its finished cache.
     local_master = int(os.environ.get("LOCAL_RANK", "0")) == 0
     if not local_master:
@@ -163,13 +264,22 @@ def train(args) -> dict:
     if local_master:
         barrier()
     train_data, val_data = splits
+    for split_data in splits:
+        require_window(split_data, args)
+    fingerprint = data_fingerprint(tokenizer, train_data, val_data)
 
     sampler = BatchSampler(train_data.tokens, args.batch_size, args.max_seq_len, seed=args.seed, rank=rank,
                            world_size=world_size)
-    BatchSampler(val_data.tokens, args.batch_size, args.max_seq_len)  # a too-short split fails now, not at eval
     if args.resume:
-        raw_model, state = load_checkpoint(out_dir)
-        check_resumable(state, args, world_size)
+        raw_model, state = load_checkpoint(out_dir, repair=master)
+        check_resumable(state, raw_model.config, args, fingerprint, world_size)
+        if state["step"] >= args.max_steps:
+            if master:
+                print(f"{out_dir}: the run is already at step {state['step']} of --max_steps {args.max_steps}; "
+                      "nothing to train (raise --max_steps to train further)")
+            if (out_dir / "summary.json").is_file():  # kept as it is; without one, it is written below
+                outcome = {"step": state["step"], "max_steps": args.max_steps, "diverged": False, "interrupted": False}
+                return json.loads((out_dir / "summary.json").read_text()) if master else outcome
     else:
         raw_model, state = build_model(config, args.seed), None
     raw_model.to(device).train()
@@ -189,6 +299,7 @@ def train(args) -> dict:
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     num_params = sum(p.numel() for p in raw_model.parameters())
+    require_step_fits(cfg, num_params, args.batch_size, args.max_seq_len, dtype, device)
     norm_params = sum(p.numel() for m in raw_model.modules() if isinstance(m, NORM_MODULES) for p in m.parameters())
     num_norms, dtype_name = count_norms(raw_model), str(dtype).removeprefix("torch.")
     tokens_per_step = args.batch_size * args.max_seq_len * args.accumulation_steps * world_size
@@ -200,13 +311,14 @@ def train(args) -> dict:
 
     tracker = None
     if master:
-        out_dir.mkdir(parents=True, exist_ok=True)
         if args.resume:
             keep_metrics_up_to(out_dir / "metrics.jsonl", step)
+        elif args.overwrite:
+            discard_run(out_dir)
         run_name = args.wandb_run_name or f"{cfg.norm_position}-{cfg.norm_type}-s{args.seed}"
         run_config = {**vars(args), "num_params": num_params, "norm_params": norm_params,
                       "num_norms": num_norms, "hidden_size": cfg.hidden_size, "world_size": world_size,
-                      "device": str(device), "dtype": dtype_name}
+                      "device": str(device), "dtype": dtype_name, "data": fingerprint}
         tracker = Tracker(out_dir, args.use_wandb, run_config, args.wandb_project, run_name, args.wandb_group, run_id)
         if device.type == "cpu":
             if dtype == torch.bfloat16 and not cpu_has_bf16_matmul():
@@ -229,7 +341,8 @@ def train(args) -> dict:
             save_checkpoint(out_dir, raw_model, tokenizer, {
                 "step": step, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                 "sampler": samplers, "train_time": train_time, "wandb_run_id": tracker.run_id, "args": vars(args),
-            })
+                "data": fingerprint,
+            }, args.keep_checkpoints)
 
     def run_eval() -> dict:
         loss = evaluate(raw_model, val_data.tokens, args.batch_size, args.max_seq_len, args.eval_steps, device,
@@ -317,6 +430,8 @@ def train(args) -> dict:
     if master:
         records = read_metrics(out_dir / "metrics.jsonl")
         train_records = [r for r in records if r["split"] == "train"]
+        # A resumed run that evaluated nothing since (or only finished its summary) reports the last evaluation.
+        last_val = last_val or next((r for r in reversed(records) if r["split"] == "val"), None)
         if train_records:
             figure = out_dir / "layers.png"
             plot_layer_profiles({tracker.run.name if tracker.run else out_dir.name: records}, figure)
@@ -327,8 +442,8 @@ def train(args) -> dict:
             "tokens_per_s": step * tokens_per_step / train_time if train_time else None,
             "s_per_step": train_time / step if step else None, "train_time_s": train_time,
             "num_params": num_params, "norm_params": norm_params, "num_norms": num_norms,
-            "norm": cfg.norm_type, "norm_position": cfg.norm_position, "seed": args.seed,
-            "out_dir": str(out_dir), "args": vars(args),
+            "norm": cfg.norm_type, "norm_position": cfg.norm_position, "hidden_size": cfg.hidden_size,
+            "seed": args.seed, "out_dir": str(out_dir), "args": vars(args), "data": fingerprint,
         })
         write_file_atomically(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=1).encode()))
         tracker.close()
