@@ -1,5 +1,7 @@
 """The training loop in-process: where it reads the device from the host, and how it keeps a bad update out."""
 
+import math
+
 import pytest
 import torch
 
@@ -71,3 +73,24 @@ def test_non_finite_step_is_skipped_on_the_device_and_reported(train_args, built
     assert not reference["diverged"] and reference["step"] == good_steps
     for a, b in zip(built[0].state_dict().values(), built[1].state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_float16_with_grad_scaler_skips_overflowing_steps(train_args, monkeypatch):
+    """fp16 autocast trains through a GradScaler; a scale too large for fp16 makes the gradients overflow, and
+    those steps are skipped on the device (no update, no AdamW step count) while the scale backs off: routine
+    for fp16, so the run goes on and is not reported as diverged."""
+    init_scale = 2.0**24
+    grad_scaler = torch.amp.GradScaler
+    scalers, optimizers = [], []
+    monkeypatch.setattr(torch.amp, "GradScaler",
+                        lambda *a, **kw: scalers.append(grad_scaler(*a, **kw, init_scale=init_scale)) or scalers[-1])
+    build_optimizer = tp.build_optimizer
+    monkeypatch.setattr(tp, "build_optimizer", lambda *a: optimizers.append(build_optimizer(*a)) or optimizers[-1])
+    summary = tp.train(train_args("--device", "cpu", "--dtype", "float16", "--max_steps", 16, "--log_interval", 8,
+                                  "--learning_rate", 3e-3, "--warmup_steps", 5))
+    assert not summary["diverged"] and summary["step"] == 16 and math.isfinite(summary["val_loss"])
+    assert scalers[0].is_enabled()
+    skipped = round(math.log2(init_scale / scalers[0].get_scale()))  # each overflow halves the scale
+    assert 0 < skipped < 16
+    steps_taken = {state["step"].item() for state in optimizers[0].state.values()}
+    assert steps_taken == {16 - skipped}

@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -47,8 +48,11 @@ from trainer.tracking import Tracker, read_metrics
 # Process setup
 
 
-def setup_distributed(device_name: str) -> tuple[int, int, torch.device]:
-    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; NCCL on CUDA, gloo on CPU."""
+def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, torch.device]:
+    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; NCCL on CUDA, gloo on CPU.
+
+    A rank that waits on a collective longer than timeout_min minutes (a peer died or hangs) fails the job
+    rather than holding its devices forever."""
     device = pick_device(device_name)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
@@ -57,7 +61,8 @@ def setup_distributed(device_name: str) -> tuple[int, int, torch.device]:
         device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=timeout_min))
     return dist.get_rank(), world_size, device
 
 
@@ -137,7 +142,7 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
 def train(args) -> dict:
     """Run one training job and return its summary: the outcome on every rank, all the numbers on rank 0 (which
     also writes them to out_dir/summary.json)."""
-    rank, world_size, device = setup_distributed(args.device)
+    rank, world_size, device = setup_distributed(args.device, args.dist_timeout)
     master = rank == 0
     dtype = resolve_dtype(args.dtype, device)
     mixed_precision = autocast(device, dtype)
@@ -203,6 +208,9 @@ def train(args) -> dict:
             if dtype == torch.bfloat16 and not cpu_has_bf16_matmul():
                 print("warning: this CPU has no bf16 matrix units; bf16 autocast trains far slower than float32",
                       file=sys.stderr)
+            elif dtype == torch.float16:
+                print("warning: float16 autocast on a CPU is far slower than float32 (few CPUs have fp16 matrix "
+                      "units); it mainly serves to test the GradScaler path", file=sys.stderr)
             elif args.dtype == "auto" and cpu_has_bf16_matmul():
                 print("note: this CPU has AMX bf16 units; --dtype bfloat16 may train faster than the float32 default",
                       file=sys.stderr)
@@ -223,11 +231,13 @@ def train(args) -> dict:
             })
 
     def run_eval() -> dict:
+        """On every rank, each evaluating its share of the windows; rank 0 logs the all-reduced loss."""
         loss = evaluate(raw_model, val_data.tokens, args.batch_size, args.max_seq_len, args.eval_steps, device,
-                        mixed_precision)
+                        mixed_precision, rank=rank, world_size=world_size)
         record = {"step": step, "split": "val", "loss": loss, "bpb": bits_per_byte(loss, val_bpt),
                   "train_time_s": train_time}
-        tracker.log(record)
+        if master:
+            tracker.log(record)
         return record
 
     stop = StopFlag()
@@ -313,7 +323,7 @@ def train(args) -> dict:
                     tracker.log(record)
                     pbar.set_postfix(loss=f"{window_mean:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:.0f}")
                 window_loss, window_steps, window_start = torch.zeros((), device=device), 0, train_time
-            if master and eval_now:
+            if eval_now:
                 last_val = run_eval()
             if save_now or stop_requested:
                 save()
