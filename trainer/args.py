@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out_dir", default="out/pretrain", help="checkpoints and metrics go here")
     run.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
     run.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                     help="autocast dtype; auto = bfloat16 on CUDA, float32 on CPU (bf16 on a CPU without "
-                          "bf16 hardware trains ~40x slower)")
+                     help="autocast dtype; auto = bfloat16 on GPUs with native bf16, else float16 (with a "
+                          "GradScaler); float32 on CPU (bf16 on a CPU without bf16 hardware trains ~40x slower)")
     run.add_argument("--compile", action="store_true", help="torch.compile the model")
     run.add_argument("--seed", type=int, default=0, help="seed for initialization and batch sampling")
     run.add_argument("--log_interval", type=int, default=10, help="steps between logged metrics")
@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how many of the newest checkpoints to keep (earlier ones are what --resume falls back "
                           "to when the newest is damaged)")
     run.add_argument("--num_proc", type=int, default=None, help="processes for tokenizing the corpus")
+    run.add_argument("--dist_timeout", type=float, default=30,
+                     help="minutes a process waits for the others under torchrun (a collective, or local rank 0 "
+                          "tokenizing the corpus on first use) before the job fails instead of hanging")
 
     log = p.add_argument_group("wandb")
     log.add_argument("--use_wandb", action="store_true",
@@ -120,6 +123,8 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     for name in NON_NEGATIVE:
         if getattr(args, name) < 0:
             raise UserError(f"--{name} must be >= 0, got {getattr(args, name)}")
+    if not args.dist_timeout > 0:
+        raise UserError(f"--dist_timeout must be > 0 minutes, got {args.dist_timeout}")
     if not args.learning_rate > 0:
         raise UserError(f"--learning_rate must be > 0, got {args.learning_rate}")
     out = Path(args.out_dir)
