@@ -213,7 +213,7 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text", stre
         ds = ds.select_columns([text_field])
         if text_field != "text":
             ds = ds.rename_column(text_field, "text")
-        ds = ds.filter(lambda texts: [bool(t) for t in texts], input_columns="text", batched=True)
+        ds = ds.filter(lambda texts: _non_empty(texts, data_path, text_field), input_columns="text", batched=True)
         if _is_empty(ds):
             raise UserError(f"{where}: has no text; every document's {text_field!r} is empty")
         if holdout:
@@ -223,6 +223,39 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text", stre
             if _is_empty(ds):  # only train can come out empty: document 0 always goes to validation
                 raise UserError(f"{where}: has a single document; it needs 2 or more to hold one out for validation")
     return ds
+
+
+def _non_empty(texts: list, data_path: str | None, text_field: str) -> list[bool]:
+    """Which documents have text; a value that is neither text nor null is a UserError naming its record."""
+    for value in texts:
+        if not isinstance(value, str | None):
+            where = "the embedded corpus" if is_embedded(data_path) else data_path
+            raise UserError(_non_string_record(data_path, text_field) or
+                            f"{where}: a document's {_not_text(text_field, value)}")
+    return [bool(t) for t in texts]
+
+
+def _not_text(text_field: str, value) -> str:
+    return f"{text_field!r} is {f'{value!r}'[:40]} ({type(value).__name__}), not a string"
+
+
+def _non_string_record(data_path: str | None, text_field: str) -> str | None:
+    """'file:line: ...' for the first record of a local JSON source whose text field is neither text nor null."""
+    if is_embedded(data_path) or not Path(data_path).expanduser().exists():
+        return None
+    for path in local_files(data_path):
+        if BUILDERS[path.suffix] != "json":
+            continue
+        with path.open(encoding="utf-8", errors="replace") as f:
+            if f.read(1) == "[":  # one JSON array: its records are numbered, not its lines
+                records = ((f"record {n}", r) for n, r in enumerate(json.loads("[" + f.read()), 1))
+            else:
+                f.seek(0)
+                records = ((str(n), json.loads(line)) for n, line in enumerate(f, 1) if line.strip())
+            for where, record in records:
+                if not isinstance(record.get(text_field), str | None):
+                    return f"{path}:{where}: {_not_text(text_field, record[text_field])}"
+    return None
 
 
 def _is_empty(ds) -> bool:

@@ -4,6 +4,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from data.tokenizer import tokenizer_fingerprint
 from trainer.cli import UserError
 from trainer.fs import write_file_atomically
 
-CACHE_FORMAT = 1  # bump when the packing or splitting rules change, so old caches are not reused
+CACHE_FORMAT = 2  # bump when the packing, splitting or metadata rules change, so old caches are not reused
+SCAN_CHUNK_BYTES = 1 << 24
 
 
 def default_cache_dir() -> Path:
@@ -38,6 +40,8 @@ class PackedTokens:
     num_tokens: int
     num_bytes: int
     num_docs: int
+    sha256: str  # of the token file: what the tokens are, however the source was named
+    split: str
 
     @property
     def bytes_per_token(self) -> float:
@@ -49,21 +53,50 @@ def bits_per_byte(loss: float, bytes_per_token: float) -> float:
     return loss / math.log(2) / bytes_per_token
 
 
-def _open_cached(path: Path) -> PackedTokens | None:
-    """The finished cache entry at path, or None. Its metadata is written after the tokens, so it marks completion."""
+def _open_cached(path: Path, key: dict, vocab_size: int) -> PackedTokens | None:
+    """The finished, intact cache entry at path, or None. Its metadata is written after the tokens, so without it
+    the entry is unfinished. A damaged entry (metadata unreadable or for another key, the token file's size or
+    checksum not the recorded one, an id the tokenizer does not have) is reported in one line, then rebuilt."""
     meta_path = path.with_suffix(".json")
     if not meta_path.is_file():
         return None
-    meta = json.loads(meta_path.read_text())
-    dtype = np.dtype(meta["dtype"])
-    if not path.is_file() or path.stat().st_size != meta["num_tokens"] * dtype.itemsize:
+    try:
+        meta = json.loads(meta_path.read_text())
+        dtype, num_tokens, digest = np.dtype(meta["dtype"]), int(meta["num_tokens"]), str(meta["sha256"])
+        counts = int(meta["num_bytes"]), int(meta["num_docs"])
+        same_key = json.dumps(meta["key"], sort_keys=True) == json.dumps(key, sort_keys=True)
+        problem = None if same_key else "its metadata describes another source"
+    except (ValueError, KeyError, TypeError) as err:  # not JSON, a field missing or of the wrong kind
+        problem = f"unreadable metadata: {type(err).__name__} {err}"
+    if problem is None:
+        size = path.stat().st_size if path.is_file() else 0
+        if size != num_tokens * dtype.itemsize:
+            problem = f"the token file has {size:,} bytes, not {num_tokens * dtype.itemsize:,}"
+        else:
+            actual, top = _scan(path, dtype)
+            if actual != digest:
+                problem = "the token file's checksum is not the recorded one"
+            elif top >= vocab_size:
+                problem = f"it holds token id {top}, beyond the tokenizer's {vocab_size} tokens"
+    if problem is not None:
+        print(f"warning: token cache {path} is damaged ({problem}); tokenizing again", file=sys.stderr)
         return None
     tokens = np.memmap(path, dtype=dtype, mode="r")
-    return PackedTokens(path, tokens, meta["num_tokens"], meta["num_bytes"], meta["num_docs"])
+    return PackedTokens(path, tokens, num_tokens, *counts, digest, key["split"])
+
+
+def _scan(path: Path, dtype: np.dtype) -> tuple[str, int]:
+    """The sha256 of a token file and its largest id, in one pass of bounded memory."""
+    digest, top = hashlib.sha256(), -1
+    with open(path, "rb") as f:
+        while chunk := f.read(SCAN_CHUNK_BYTES):
+            digest.update(chunk)
+            top = max(top, int(np.frombuffer(chunk, dtype=dtype).max()))
+    return digest.hexdigest(), top
 
 
 def _pack(texts, tokenizer, dtype: np.dtype, out, num_proc: int, streaming: bool, split: str) -> dict:
-    """Tokenize every document, append end-of-text, write the ids to out; return the counts."""
+    """Tokenize every document, append end-of-text, write the ids to out; return the counts and checksum."""
     eot = tokenizer.eos_token_id
 
     def encode(batch):
@@ -74,16 +107,18 @@ def _pack(texts, tokenizer, dtype: np.dtype, out, num_proc: int, streaming: bool
     options = {} if streaming else {"num_proc": num_proc if num_proc > 1 else None, "desc": f"tokenizing {split}"}
     encoded = texts.map(encode, batched=True, input_columns="text", remove_columns=["text"], features=features, **options)
     counts = {"num_tokens": 0, "num_bytes": 0, "num_docs": 0}
+    digest = hashlib.sha256()
     # Streaming has no progress bar of its own; for a Dataset this one shows the (fast) writing pass.
     with tqdm(total=None if streaming else len(encoded), desc=f"packing {split}", unit="doc") as progress:
         for batch in encoded.with_format("arrow").iter(batch_size=1000):
-            ids = pc.list_flatten(batch["ids"]).to_numpy()
-            ids.astype(dtype, copy=False).tofile(out)
+            ids = pc.list_flatten(batch["ids"]).to_numpy().astype(dtype, copy=False)
+            ids.tofile(out)
+            digest.update(ids.tobytes())
             counts["num_tokens"] += len(ids)
             counts["num_bytes"] += pc.sum(batch["num_bytes"]).as_py()
             counts["num_docs"] += batch.num_rows
             progress.update(batch.num_rows)
-    return counts
+    return {**counts, "sha256": digest.hexdigest()}
 
 
 def prepare_split(
@@ -113,7 +148,7 @@ def prepare_split(
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     path = cache_dir / f"{split}-{digest}.bin"
-    packed = _open_cached(path)
+    packed = _open_cached(path, key, len(tokenizer))
     if packed is not None:
         return packed
     texts = load_texts(data_path, split, text_field, streaming)
@@ -123,7 +158,7 @@ def prepare_split(
         counts = write_file_atomically(path, lambda f: _pack(texts, tokenizer, dtype, f, num_proc, streaming, split))
     meta = {**counts, "dtype": dtype.name, "key": key}
     write_file_atomically(path.with_suffix(".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
-    return _open_cached(path)
+    return _open_cached(path, key, len(tokenizer))
 
 
 class BatchSampler:

@@ -52,6 +52,7 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from model.norms import BatchNorm, DyT
+from model.rmsnorm_kernels import rms_norm
 
 NORM_POSITIONS = ("pre", "post", "peri", "reorder", "deepnorm", "mix")
 NORM_SCALINGS = ("none", "depth")
@@ -176,72 +177,15 @@ class MiniMindConfig(PretrainedConfig):
 # Normalization: RMSNorm here, the other types in model/norms.py; NORM_TYPES below is the registry of all.
 
 
-class _RMSNormFunction(torch.autograd.Function):
-    """RMSNorm's eager formula (see RMSNorm) with a hand-written backward.
-
-    At the model's shapes a norm is memory-bound: each elementwise op is one full pass over the activation.
-    Left to autograd, the formula's float32 backward makes nine such passes, and y (for bf16 input also a
-    float32 copy of x) stays saved until it runs. This backward makes four, the last three into one reused
-    buffer, plus two read-only mat-vecs that get both reductions (for dx and dweight) from the one product g*x;
-    only x and the per-row rstd are saved. The forward is the eager formula itself: its output is bit-identical.
-
-    Why this path (scripts/bench_norms.py, 1024 x 512 fp32, the project's 2-core CPU): forward+backward takes
-    0.35-0.45x the eager formula's time (forward alone is the same); F.rms_norm decomposes into the eager ops on
-    CPU and is no faster; torch.compile of the formula is ~20% faster still, but compiles for seconds on first
-    use of each shape and dtype (whole-model torch.compile traces this Function and fuses it anyway);
-    LayerNorm's fused ATen kernels stay ~2x faster. For bf16 input it is no faster than eager: the upcasts and
-    the exact weight gradient (which needs y as rounded to bf16) cost the passes it saves.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-        xf = x.float()
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        y = (xf * rstd).to(x.dtype)
-        if weight is not None:
-            # In place unless the product changes dtype (bf16 x times a float32 weight under autocast -> float32).
-            y = y.mul_(weight) if weight.dtype == y.dtype else y * weight
-        ctx.save_for_backward(x, rstd, weight)
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: torch.Tensor):
-        x, rstd, weight = ctx.saved_tensors
-        dim = x.shape[-1]
-        # backward() may be called inside an autocast region, which would run the mat-vecs in bf16/fp16.
-        with torch.autocast(x.device.type, enabled=False):
-            xf, g = x.float(), grad_out.float()
-            # Per row, with gy = g * weight the gradient reaching y = x * rstd:
-            #   dx = rstd * (gy - x * rstd^2 * c / dim),   c = sum_j gy_j x_j = (g * x) @ weight
-            #   dweight = sum over rows of g * y             = (g * x)^T @ rstd   when y was not rounded
-            buf = g * xf
-            rows = buf.reshape(-1, dim)
-            if weight is None:
-                c, dweight = rows.sum(-1), None
-                dx = buf.copy_(g)
-            else:
-                wf = weight.float()
-                c = torch.mv(rows, wf)
-                if x.dtype == torch.float32:
-                    dweight = torch.mv(rows.T, rstd.reshape(-1))
-                else:  # the forward multiplied the weight by y rounded to x.dtype: use that exact y
-                    dweight = (g * (xf * rstd).to(x.dtype)).reshape(-1, dim).sum(0)
-                dweight = dweight.to(weight.dtype)
-                dx = torch.mul(g, wf, out=buf)  # both reductions are done, so buf is free
-            dx.addcmul_(xf, rstd.square().mul_(c.view_as(rstd)).div_(-dim)).mul_(rstd)
-        return dx.to(x.dtype), dweight, None
-
-
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * weight  (Zhang & Sennrich 2019). No mean subtraction, no bias.
 
     The statistics are computed in float32 and the result cast back, because mean(x^2) over 512 bf16 values
     loses most of its precision; the weight multiplies the cast-back value, as in Llama, so under autocast
     (bf16 x, float32 weight) the output is float32. elementwise_affine=False gives the parameter-free variant.
-    The arithmetic lives in _RMSNormFunction, which is the eager formula
+    The arithmetic lives in model/rmsnorm_kernels.py: the eager formula
         xf = x.float(); (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-    with a cheaper backward.
+    or, with the same output bit for bit, a faster way to run it, chosen by device and dtype from measurement.
     """
 
     def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True):
@@ -250,7 +194,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if elementwise_affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _RMSNormFunction.apply(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
 
 
 @dataclass(frozen=True)

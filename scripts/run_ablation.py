@@ -25,6 +25,7 @@ import numpy as np
 from data import load_tokenizer, prepare_split
 from model import NORM_POSITIONS, NORM_TYPES
 from trainer.args import build_parser, validate
+from trainer.checkpoint import find_checkpoints
 from trainer.cli import ArgumentParser, UserError, run_cli
 from trainer.plots import plot_depth, plot_grid, plot_layer_profiles, plot_loss_curves
 from trainer.tracking import read_metrics
@@ -45,7 +46,7 @@ VARIANTS = {f"{placement}-{norm}": {**PLACEMENT_DEFAULTS, **fields, "norm": norm
             for placement, fields in PLACEMENTS.items() for norm in sorted(NORM_TYPES)}
 DEFAULT_VARIANTS = ["pre-rmsnorm", "pre-layernorm", "post-rmsnorm", "post-layernorm"]
 # Flags each run gets from the study, so passing them as trainer flags would be ignored or contradictory.
-SET_PER_RUN = ("--seed", "--resume", *(f"--{field}" for field in ("norm", *PLACEMENT_DEFAULTS)))
+SET_PER_RUN = ("--seed", "--resume", "--overwrite", *(f"--{field}" for field in ("norm", *PLACEMENT_DEFAULTS)))
 
 # A run "plateaued" when it trained without diverging but learned (almost) nothing: its final validation loss is
 # within PLATEAU_MARGIN nats of what a context-free unigram model scores on the validation split, or no lower
@@ -94,7 +95,8 @@ def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str
 
 
 # Flags that do not change what a run computes, so a finished run made with other values is still valid.
-BOOKKEEPING = {"out_dir", "resume", "use_wandb", "wandb_project", "wandb_run_name", "wandb_group", "num_proc"}
+BOOKKEEPING = {"out_dir", "resume", "overwrite", "keep_checkpoints", "use_wandb", "wandb_project", "wandb_run_name",
+               "wandb_group", "num_proc"}
 
 
 def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict:
@@ -107,7 +109,10 @@ def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed:
     args.num_hidden_layers, args.seed = depth, seed
     args.learning_rate, args.warmup_steps = lr, warmup
     args.min_lr = min(base.min_lr, lr)
-    args.out_dir, args.resume = str(out_dir), (out_dir / "checkpoint").exists()
+    # A run with a checkpoint continues; one without starts afresh over whatever a crash before its first
+    # checkpoint left in its folder (this study's own, named after the run).
+    args.out_dir, args.resume = str(out_dir), bool(find_checkpoints(out_dir))
+    args.overwrite = not args.resume
     args.wandb_group = base.wandb_group or Path(study.out_dir).name
     args.wandb_run_name = name
     done = out_dir / "summary.json"

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS
+from trainer.checkpoint import find_checkpoints
 from trainer.cli import ArgumentParser, UserError, require_positive
 
 # The no-flag run must finish in minutes on a 2-core CPU, so off-GPU the width shrinks; depth stays at 8
@@ -81,16 +82,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out_dir", default="out/pretrain", help="checkpoints and metrics go here")
     run.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
     run.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                     help="autocast dtype; auto = bfloat16 on CUDA, float32 on CPU (bf16 on a CPU without "
-                          "bf16 hardware trains ~40x slower)")
+                     help="autocast dtype; auto = bfloat16 on GPUs with native bf16, else float16 (with a "
+                          "GradScaler); float32 on CPU (bf16 on a CPU without bf16 hardware trains ~40x slower)")
     run.add_argument("--compile", action="store_true", help="torch.compile the model")
     run.add_argument("--seed", type=int, default=0, help="seed for initialization and batch sampling")
     run.add_argument("--log_interval", type=int, default=10, help="steps between logged metrics")
     run.add_argument("--eval_interval", type=int, default=100, help="steps between validation evaluations")
     run.add_argument("--eval_steps", type=int, default=20, help="validation batches per evaluation")
     run.add_argument("--save_interval", type=int, default=200, help="steps between checkpoints")
-    run.add_argument("--resume", action="store_true", help="continue exactly from the checkpoint in --out_dir")
+    run.add_argument("--resume", action="store_true",
+                     help="continue exactly from the newest checkpoint in --out_dir that loads")
+    run.add_argument("--overwrite", action="store_true",
+                     help="start afresh in an --out_dir that holds another run, deleting its checkpoints and metrics")
+    run.add_argument("--keep_checkpoints", type=int, default=2,
+                     help="how many of the newest checkpoints to keep (earlier ones are what --resume falls back "
+                          "to when the newest is damaged)")
     run.add_argument("--num_proc", type=int, default=None, help="processes for tokenizing the corpus")
+    run.add_argument("--dist_timeout", type=float, default=30,
+                     help="minutes a process waits for the others under torchrun (a collective, or local rank 0 "
+                          "tokenizing the corpus on first use) before the job fails instead of hanging")
 
     log = p.add_argument_group("wandb")
     log.add_argument("--use_wandb", action="store_true",
@@ -103,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "log_interval", "eval_interval", "eval_steps",
-            "save_interval", "hidden_size", "lr_decay_steps", "num_proc")  # the last three may be unset
+            "save_interval", "keep_checkpoints", "hidden_size", "lr_decay_steps", "num_proc")  # the last three may be unset
 NON_NEGATIVE = ("min_lr", "warmup_steps", "weight_decay", "grad_clip")
 
 
@@ -113,13 +123,17 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     for name in NON_NEGATIVE:
         if getattr(args, name) < 0:
             raise UserError(f"--{name} must be >= 0, got {getattr(args, name)}")
+    if not args.dist_timeout > 0:
+        raise UserError(f"--dist_timeout must be > 0 minutes, got {args.dist_timeout}")
     if not args.learning_rate > 0:
         raise UserError(f"--learning_rate must be > 0, got {args.learning_rate}")
     out = Path(args.out_dir)
     parent = next(p for p in (out, *out.parents) if p.exists())
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"--out_dir {out} is not writable ({parent} is not a writable directory)")
-    if args.resume and not (out / "checkpoint").exists():
+    if args.resume and args.overwrite:
+        raise UserError("--resume continues the run in --out_dir and --overwrite discards it; pass one of them")
+    if args.resume and not find_checkpoints(out):
         raise UserError(f"--resume: no checkpoint in {out}; run without --resume to start fresh")
     return args
 

@@ -1,5 +1,9 @@
-"""Crash-safe writes: a file or directory becomes visible under its final name only once it is complete."""
+"""Crash-safe writes and an exclusive lock: a file or directory becomes visible under its final name only once it
+is complete, and whatever a crash leaves behind has a recognizable hidden name (see remove_leftovers)."""
 
+import errno
+import fcntl
+import hashlib
 import os
 import shutil
 import tempfile
@@ -48,3 +52,51 @@ def write_file_atomically(path: Path, write):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def remove_leftovers(directory: Path) -> list[str]:
+    """Delete what the writers above leave when their process is killed outright (no cleanup runs then), and
+    return the names. Only for a directory no other process is writing to, e.g. one held with exclusive_lock."""
+    directory = Path(directory)
+    found = [*directory.glob(".*.partial-*"), *directory.glob(".*.link-*"), *directory.glob("*.tmp")]
+    for path in found:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return sorted(p.name for p in found)
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        digest = hashlib.sha256()
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class LockHeld(Exception):
+    """Another process holds the lock; its text is what the holder wrote into the lock file (its pid)."""
+
+
+@contextmanager
+def exclusive_lock(path: Path) -> Iterator[bool]:
+    """Hold an exclusive flock on `path` (created if missing) for the block; raise LockHeld at once if another
+    process holds it. The kernel drops the lock when its holder exits in any way, so it is never stale after a
+    crash. Yields False, without locking, on a filesystem that has no locks (some network filesystems)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                locked = False
+            else:
+                raise LockHeld(os.pread(fd, 64, 0).decode(errors="replace").strip()) from None
+        if locked:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield locked
+    finally:
+        os.close(fd)

@@ -5,11 +5,14 @@ key but no network it retries for 90 s. Here the mode is decided up front (onlin
 init is bounded, and any failure falls back to offline with one warning line.
 """
 
+import contextlib
 import json
 import netrc
 import os
 import sys
 from pathlib import Path
+
+from trainer.cli import UserError
 
 ONLINE_INIT_TIMEOUT_S = 20
 
@@ -79,8 +82,14 @@ class Tracker:
         return self.run.id if self.run is not None else None
 
     def log(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        except OSError as err:  # a full disk or lost permissions: stop with the checkpoints as they are
+            with contextlib.suppress(OSError):
+                self.file.close()  # else its unwritten buffer fails once more at exit, in a message of its own
+            raise UserError(f"cannot write to {self.path} ({err.strerror}); the last checkpoint is kept: free some "
+                            "space or fix the permissions, then run again with --resume") from None
         if self.run is not None:
             self.run.log(flatten(record))
 
@@ -98,5 +107,16 @@ class Tracker:
 
 
 def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl file. A last line cut short (a crash mid-write) is dropped with a warning."""
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = [(number, line) for number, line in enumerate(f, 1) if line.strip()]
+    records = []
+    for number, line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number != lines[-1][0]:
+                raise UserError(f"{path}:{number}: not a JSON record; the metrics file is damaged") from None
+            print(f"warning: {path}:{number}: dropped a torn last line (a crash while it was written)",
+                  file=sys.stderr)
+    return records

@@ -1,0 +1,459 @@
+"""Faults on purpose: a run directory belongs to one run, checkpoints are verified and fall back, resume continues
+the same run or refuses, and every other fault is one line with nothing lost. Everything runs in-process on a
+tiny model."""
+
+import errno
+import importlib.util
+import io
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import SafetensorError
+
+import data.token_stream
+import trainer.memory
+import trainer.tracking
+from data import DEFAULT_TOKENIZER_DIR, load_texts, prepare_split
+from model import MiniMindConfig, MiniMindForCausalLM
+from trainer.args import parse_args
+from trainer.checkpoint import LINK, resolve_model_dir
+from trainer.cli import UserError
+from trainer.fs import exclusive_lock
+from trainer.memory import step_memory_bytes
+from trainer.run_dir import LOCK_FILE
+from trainer.tracking import read_metrics
+from trainer.train_pretrain import InterruptGuard, train
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--num_key_value_heads", "1",
+        "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "1", "--num_proc", "1", "--log_interval", "1",
+        "--eval_interval", "2", "--save_interval", "2", "--warmup_steps", "1", "--learning_rate", "3e-3",
+        "--lr_decay_steps", "8"]  # one schedule, whatever --max_steps, so resumed runs can be compared
+
+
+@pytest.fixture(autouse=True)
+def token_cache(tmp_path_factory, monkeypatch) -> Path:
+    """One private token cache for this module's runs, shared so each split is tokenized once."""
+    cache = tmp_path_factory.getbasetemp() / "robustness-cache"
+    monkeypatch.setenv("MINIMIND_CACHE", str(cache))
+    return cache
+
+
+@pytest.fixture
+def run(tiny_corpus, tiny_tokenizer_dir):
+    """run(out_dir, *flags): one in-process training run on the tiny corpus, tokenizer and model."""
+    def go(out_dir, *flags, data_path=tiny_corpus, tokenizer_path=tiny_tokenizer_dir):
+        source = [] if data_path is None else ["--data_path", str(data_path)]
+        source += [] if tokenizer_path is None else ["--tokenizer_path", str(tokenizer_path)]
+        return train(parse_args([*source, *TINY, "--out_dir", str(out_dir), *map(str, flags)]))
+    return go
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory, tiny_corpus, tiny_tokenizer_dir) -> Path:
+    """A finished 4-step run with checkpoints at steps 2 and 4; tests work on copies of it."""
+    out = tmp_path_factory.mktemp("base") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINIMIND_CACHE", str(tmp_path_factory.getbasetemp() / "robustness-cache"))
+        train(parse_args(["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, *TINY,
+                          "--out_dir", str(out), "--max_steps", "4"]))
+    return out
+
+
+def copy_of(run_dir: Path, dst: Path, symlinks: bool = True) -> Path:
+    shutil.copytree(run_dir, dst, symlinks=symlinks)
+    return dst
+
+
+def snapshot(directory: Path) -> dict:
+    """Every file below directory (links as their targets) with its bytes; the lock file aside."""
+    return {str(p.relative_to(directory)): os.readlink(p) if p.is_symlink() else p.read_bytes()
+            for p in sorted(directory.rglob("*")) if (p.is_symlink() or p.is_file()) and p.name != LOCK_FILE}
+
+
+def train_losses(out_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(out_dir / "metrics.jsonl") if r["split"] == "train"}
+
+
+# --- one run per directory ------------------------------------------------------------------------
+
+
+def test_fresh_run_into_a_used_directory_refuses_and_deletes_nothing(base_run, tmp_path, run):
+    out = copy_of(base_run, tmp_path / "run")
+    before = snapshot(out)
+    with pytest.raises(UserError, match="holds another run") as refusal:
+        run(out, "--max_steps", 2)
+    assert "--resume" in str(refusal.value) and "--overwrite" in str(refusal.value)
+    assert snapshot(out) == before
+
+    run(out, "--max_steps", 2, "--overwrite")  # on purpose: the old run goes, and nothing of it stays mixed in
+    assert sorted(train_losses(out)) == [1, 2]
+    assert sorted(p.name for p in out.glob("step-*")) == ["step-000002"]
+    assert json.loads((out / "summary.json").read_text())["max_steps"] == 2
+
+
+def test_resume_and_overwrite_contradict(base_run):
+    with pytest.raises(UserError, match="--overwrite"):
+        parse_args(["--out_dir", str(base_run), "--resume", "--overwrite"])
+
+
+def test_a_second_trainer_on_the_directory_refuses_at_once(tmp_path, run):
+    out = tmp_path / "run"
+    out.mkdir()
+    with exclusive_lock(out / LOCK_FILE), pytest.raises(UserError, match=f"in use by another trainer \\(pid {os.getpid()}\\)"):
+        run(out, "--max_steps", 2)
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_crashed_trainers_lock_is_stale(tmp_path, run):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).write_text("999999999\n")  # what a killed trainer leaves: its pid, and no lock held
+    run(out, "--max_steps", 2)
+    with exclusive_lock(out / LOCK_FILE) as locked:  # and the finished run released it
+        assert locked
+
+
+def test_a_failed_run_releases_its_lock_and_leaves_no_directory(tmp_path, run):
+    out = tmp_path / "new" / "run"
+    with pytest.raises(UserError, match="float16"):
+        run(out, "--dtype", "float16", "--device", "cpu")
+    assert not out.exists()
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = {
+    "truncated weights": lambda step: truncate(step / "model.safetensors"),
+    "truncated training state": lambda step: truncate(step / "training_state.pt"),
+    "missing training state": lambda step: (step / "training_state.pt").unlink(),
+    "corrupt config": lambda step: (step / "config.json").write_text("{not json"),
+    "flipped weights": lambda step: (step / "model.safetensors").write_bytes(
+        (step / "model.safetensors").read_bytes()[:-4] + b"\0\0\0\0"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_resume_falls_back_to_the_previous_checkpoint(damage, base_run, tmp_path, run, capsys):
+    out = copy_of(base_run, tmp_path / "run")
+    DAMAGE[damage](out / "step-000004")
+    run(out, "--max_steps", 6, "--resume")
+    warning = [line for line in capsys.readouterr().err.splitlines() if "step-000004" in line]
+    assert len(warning) == 1 and warning[0].startswith("warning: checkpoint step-000004 cannot be loaded")
+    # Steps 3 and 4 were trained again from step 2, exactly as the first time.
+    assert train_losses(out) == pytest.approx({**train_losses(base_run), 5: train_losses(out)[5], 6: train_losses(out)[6]})
+    assert sorted(train_losses(out)) == [1, 2, 3, 4, 5, 6]
+    assert os.readlink(out / LINK) == "step-000006"
+    names = sorted(p.name for p in out.glob("step-*"))  # rewritten; the damaged one is set aside, not deleted
+    assert names[0] == "step-000004" and names[1].startswith("step-000004.damaged-") and names[2:] == ["step-000006"]
+
+
+def test_resume_refuses_when_no_checkpoint_loads(base_run, tmp_path, run):
+    out = copy_of(base_run, tmp_path / "run")
+    for step in out.glob("step-*"):
+        truncate(step / "model.safetensors")
+    with pytest.raises(UserError, match="no checkpoint in .* can be loaded .*step-000004: .*step-000002: "):
+        run(out, "--max_steps", 6, "--resume")
+
+
+def test_keep_checkpoints(tmp_path, run):
+    out = tmp_path / "run"
+    run(out, "--max_steps", 5, "--save_interval", 1, "--keep_checkpoints", 3)
+    assert sorted(p.name for p in out.glob("step-*")) == ["step-000003", "step-000004", "step-000005"]
+
+
+def test_what_crashed_saves_left_is_removed(base_run, tmp_path, run):
+    out = copy_of(base_run, tmp_path / "run")
+    (out / ".step-000006.partial-4242").mkdir()
+    (out / ".step-000006.partial-4242" / "model.safetensors").write_bytes(b"half")
+    os.symlink("step-000006", out / ".checkpoint.link-4242")
+    (out / "metrics.jsonl.x1y2.tmp").write_text("{")
+    run(out, "--max_steps", 6, "--resume")
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".") or p.suffix == ".tmp") == [LOCK_FILE]
+
+
+@pytest.mark.parametrize("symlinks", [True, False], ids=["link-kept", "link-followed"])
+def test_resume_from_a_copied_run_directory(symlinks, base_run, tmp_path, run):
+    out = copy_of(base_run, tmp_path / "elsewhere" / "copy", symlinks=symlinks)
+    assert (out / LINK).is_symlink() == symlinks
+    run(out, "--max_steps", 6, "--resume")
+    assert sorted(train_losses(out)) == [1, 2, 3, 4, 5, 6]
+    assert os.readlink(out / LINK) == "step-000006"
+    assert resolve_model_dir(out) == (out / "step-000006").resolve()
+
+
+def test_model_path_resolves_the_link_once(base_run):
+    """A reader gets the step folder itself, which later saves cannot flip under it."""
+    resolved = resolve_model_dir(base_run)
+    assert resolved == (base_run / "step-000004").resolve() and not resolved.is_symlink()
+
+
+# --- resume continues the same run ----------------------------------------------------------------
+
+
+def test_same_data_under_another_spelling_resumes(tmp_path, run, tiny_corpus, monkeypatch):
+    out = tmp_path / "run"
+    run(out, "--max_steps", 2, tokenizer_path=None)  # the shipped tokenizer, by default
+    monkeypatch.chdir(Path(tiny_corpus).parent)
+    run(out, "--max_steps", 4, "--resume", data_path=Path(tiny_corpus).name, tokenizer_path=DEFAULT_TOKENIZER_DIR)
+    assert sorted(train_losses(out)) == [1, 2, 3, 4]
+
+
+def test_edited_data_or_another_tokenizer_refuses(base_run, tmp_path, run, tiny_corpus, tiny_texts):
+    out = copy_of(base_run, tmp_path / "run")
+    edited = tmp_path / "tiny.jsonl"
+    shutil.copy(tiny_corpus, edited)
+    with pytest.raises(UserError, match="--tokenizer_path default is not the tokenizer"):
+        run(out, "--max_steps", 6, "--resume", tokenizer_path=None)
+    run(out, "--max_steps", 6, "--resume", data_path=edited)  # a copy of the same data is the same data
+    with edited.open("a") as f:  # edited in place: same path, other documents
+        f.write(json.dumps({"text": tiny_texts[1].upper()}) + "\n")
+    with pytest.raises(UserError, match="the train split of --data_path .* is not the data the checkpoint was"):
+        run(out, "--max_steps", 8, "--resume", data_path=edited)
+
+
+@pytest.mark.parametrize("flag,value", [("--norm", "layernorm"), ("--norm_position", "post"), ("--hidden_size", 64),
+                                        ("--num_hidden_layers", 3), ("--seed", 1)])
+def test_architecture_and_seed_given_with_resume_must_match(flag, value, base_run, tmp_path, run):
+    out = copy_of(base_run, tmp_path / "run")
+    with pytest.raises(UserError, match=f"{flag} "):
+        run(out, "--max_steps", 6, "--resume", flag, value)
+
+
+def test_records_state_what_the_run_used(base_run):
+    summary = json.loads((base_run / "summary.json").read_text())
+    state = torch.load(base_run / LINK / "training_state.pt", weights_only=False)
+    assert summary["hidden_size"] == 32 and summary["norm"] == summary["args"]["norm"] == "rmsnorm"
+    assert summary["data"] == state["data"] and len(summary["data"]["train"]["sha256"]) == 64
+    assert state["args"] == summary["args"]
+
+
+def test_a_finished_run_says_so_and_keeps_its_summary(base_run, tmp_path, run, capsys):
+    out = copy_of(base_run, tmp_path / "run")
+    before = snapshot(out)
+    summary = run(out, "--max_steps", 4, "--resume")
+    assert "already at step 4 of --max_steps 4" in capsys.readouterr().out
+    assert snapshot(out) == before and summary == json.loads((out / "summary.json").read_text())
+
+    (out / "summary.json").unlink()  # killed after its last checkpoint, before the summary
+    summary = run(out, "--max_steps", 4, "--resume")
+    assert summary["step"] == 4 and summary["val_loss"] == json.loads(before["summary.json"])["val_loss"]
+
+
+def test_a_torn_last_metrics_line_is_dropped_with_a_warning(base_run, tmp_path, run, capsys):
+    out = copy_of(base_run, tmp_path / "run")
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "split": "tr')
+    run(out, "--max_steps", 6, "--resume")
+    assert "dropped a torn last line" in capsys.readouterr().err
+    assert sorted(train_losses(out)) == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_damaged_metrics_line_before_the_last_is_one_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"st\n{"step": 2}\n')
+    with pytest.raises(UserError, match="metrics.jsonl:2: not a JSON record"):
+        read_metrics(path)
+
+
+# --- every other fault: one line, nothing lost ----------------------------------------------------
+
+
+def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def safetensors_no_space(*args, **kwargs):  # what safetensors raises when the disk fills up under it
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize("where,fail", [("training state", no_space), ("weights", safetensors_no_space)])
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(where, fail, base_run, tmp_path, run, monkeypatch):
+    out = copy_of(base_run, tmp_path / "run")
+    if where == "weights":
+        monkeypatch.setattr(MiniMindForCausalLM, "save_pretrained", fail)
+    else:
+        monkeypatch.setattr(torch, "save", fail)
+    with pytest.raises(UserError, match="cannot save the checkpoint for step 6 .*No space left on device") as err:
+        run(out, "--max_steps", 6, "--resume")
+    assert "the previous checkpoint (step-000004) is kept" in str(err.value) and "\n" not in str(err.value)
+    assert os.readlink(out / LINK) == "step-000004"
+    assert sorted(p.name for p in out.iterdir() if "step-" in p.name) == ["step-000002", "step-000004"]
+    monkeypatch.undo()
+    run(out, "--max_steps", 6, "--resume")  # the kept checkpoint loads and the run goes on
+    assert os.readlink(out / LINK) == "step-000006"
+
+
+class FullDisk(io.RawIOBase):
+    """A file on a full disk: every write that reaches it fails."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        no_space()
+
+
+def test_a_full_disk_while_logging_metrics_is_one_line(tmp_path):
+    tracker = trainer.tracking.Tracker(tmp_path, False, {}, "p", "n", None, None)
+    tracker.file.close()
+    tracker.file = io.TextIOWrapper(io.BufferedWriter(FullDisk()))
+    with pytest.raises(UserError, match="cannot write to .*metrics.jsonl \\(No space left on device\\)"):
+        tracker.log({"step": 1})
+    assert tracker.file.closed  # so its unwritten buffer cannot fail once more at exit
+
+
+def spoil_cache(packed, how: str) -> None:
+    meta_path = packed.path.with_suffix(".json")
+    if how == "zeroed":
+        packed.path.write_bytes(bytes(packed.path.stat().st_size))
+    elif how == "truncated":
+        truncate(packed.path)
+    elif how == "corrupt metadata":
+        meta_path.write_text('{"num_tokens": ')
+    elif how == "metadata of another key":
+        meta = json.loads(meta_path.read_text())
+        meta["key"]["split"] = "train"
+        meta_path.write_text(json.dumps(meta))
+    else:  # ids beyond the vocabulary, with a checksum to match: only the range check can tell
+        tokens = np.array(packed.tokens)
+        tokens[5] = 60000
+        packed.path.write_bytes(tokens.tobytes())
+        meta = json.loads(meta_path.read_text())
+        meta["sha256"] = data.token_stream._scan(packed.path, tokens.dtype)[0]
+        meta_path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("how", ["zeroed", "truncated", "corrupt metadata", "metadata of another key", "ids out of range"])
+def test_a_damaged_token_cache_is_detected_and_rebuilt(how, tmp_path, tiny_corpus, tiny_tokenizer, capsys):
+    packed = prepare_split(tiny_corpus, "validation", tiny_tokenizer, cache_dir=tmp_path)
+    expected = np.array(packed.tokens)
+    spoil_cache(packed, how)
+    rebuilt = prepare_split(tiny_corpus, "validation", tiny_tokenizer, cache_dir=tmp_path)
+    assert f"warning: token cache {packed.path} is damaged" in capsys.readouterr().err
+    assert np.array_equal(rebuilt.tokens, expected) and rebuilt.sha256 == packed.sha256
+
+
+def test_non_string_text_names_file_and_record(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"text": "first"}\n{"text": null}\n{"text": 12345}\n')
+    with pytest.raises(UserError, match=f"^{path}:3: 'text' is 12345 \\(int\\), not a string$"):
+        load_texts(str(path), "train")
+    array = tmp_path / "docs.json"
+    array.write_text(json.dumps([{"text": "a"}, {"text": ["b"]}]))
+    with pytest.raises(UserError, match=f"^{array}:record 2: 'text' is \\['b'\\] \\(list\\), not a string$"):
+        load_texts(str(array), "validation")
+
+
+def test_a_batch_that_cannot_fit_is_refused_before_allocation(tmp_path, run, monkeypatch):
+    monkeypatch.setattr(trainer.memory, "available_memory_bytes", lambda device: 2**30)
+    out = tmp_path / "run"
+    with pytest.raises(UserError, match=r"--batch_size 100000 x --max_seq_len 32 needs at least [\d,.]+ GiB .* 1.0 GiB"):
+        run(out, "--batch_size", 100000)
+    assert not out.exists()
+
+
+def test_the_memory_estimate_is_a_lower_bound():
+    """What autograd really keeps for one tiny step (plus the weights' training state) is at least the estimate."""
+    config = MiniMindConfig(vocab_size=400, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                            num_key_value_heads=1)
+    model = MiniMindForCausalLM(config)
+    num_params = sum(p.numel() for p in model.parameters())
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def keep(t):
+        if t.untyped_storage().data_ptr() not in weights:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randint(0, 400, (4, 64))
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model(input_ids=x, shift_labels=x)
+    logits = x.numel() * 400 * 4  # alive until the loss is computed; their log-softmax is among the saved
+    assert 16 * num_params + sum(saved.values()) + logits >= step_memory_bytes(config, num_params, 4, 64, torch.float32)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_while_tokenizing_is_one_line_and_leaves_no_temp_files(signum, tmp_path, run, monkeypatch,
+                                                                              token_cache):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MINIMIND_CACHE", str(cache))
+
+    def interrupted(texts, tokenizer, dtype, out, *rest):
+        out.write(b"half a token file")
+        os.kill(os.getpid(), signum)
+        time.sleep(30)  # not reached: the handler raises as soon as os.kill returns
+
+    monkeypatch.setattr(data.token_stream, "_pack", interrupted)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(UserError, match=f"^interrupted by {signal.Signals(signum).name}; nothing half-written"):
+        run(tmp_path / "run", "--max_steps", 2)
+    assert list(cache.iterdir()) == [] and not (tmp_path / "run").exists()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+def test_an_interrupt_during_wandb_init_is_one_line_and_the_run_can_start_again(tmp_path, run, monkeypatch):
+    def interrupted(*args):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)  # not reached
+
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer.tracking.Tracker, "_init_wandb", staticmethod(interrupted))
+        with pytest.raises(UserError, match="^interrupted by SIGINT"):
+            run(tmp_path / "run", "--max_steps", 2, "--use_wandb")
+    run(tmp_path / "run", "--max_steps", 2)  # nothing of a run was left, so a fresh start is no overwrite
+
+
+def test_forked_workers_leave_ctrl_c_to_the_trainer_and_die_on_sigterm():
+    guard = InterruptGuard()
+    try:
+        statuses = []
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            pid = os.fork()
+            if pid == 0:  # a tokenizer worker: Ctrl-C reaches the whole process group
+                os.kill(os.getpid(), signum)
+                os._exit(0)
+            statuses.append(os.waitpid(pid, 0)[1])
+    finally:
+        guard.restore()
+    assert os.WIFEXITED(statuses[0]) and os.WEXITSTATUS(statuses[0]) == 0  # ignored it; the parent stops the pool
+    assert os.WIFSIGNALED(statuses[1]) and os.WTERMSIG(statuses[1]) == signal.SIGTERM  # died quietly
+    assert guard.signal is None
+
+
+def test_a_too_short_validation_split_names_it_the_rule_and_the_flags(tmp_path, run, tiny_texts):
+    corpus = tmp_path / "short.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["Hi.", *tiny_texts[:5]]))
+    with pytest.raises(UserError) as err:
+        run(tmp_path / "run", data_path=corpus)
+    message = str(err.value)
+    assert message.startswith(f"the validation split of --data_path {corpus} has ")
+    assert "every 100th document" in message and "--max_seq_len" in message
+
+
+def test_the_ablation_runner_starts_afresh_over_a_run_that_crashed_before_its_first_checkpoint(
+        tmp_path, tiny_corpus, tiny_tokenizer_dir):
+    spec = importlib.util.spec_from_file_location("run_ablation", REPO / "scripts" / "run_ablation.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    study, base = runner.parse_args(["--out_dir", str(tmp_path / "study"), "--data_path", tiny_corpus,
+                                     "--tokenizer_path", tiny_tokenizer_dir, *TINY, "--max_steps", "2"])
+    crashed = tmp_path / "study" / "runs" / runner.run_name("pre-rmsnorm", base.learning_rate, base.warmup_steps, 0)
+    crashed.mkdir(parents=True)
+    (crashed / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 9.0}\n')
+    summary = runner.run_one(base, study, "pre-rmsnorm", base.learning_rate, base.warmup_steps, 0)
+    assert summary["step"] == 2 and sorted(train_losses(crashed)) == [1, 2]
+    assert train_losses(crashed)[1] != 9.0

@@ -1,0 +1,49 @@
+"""Will a training step fit in memory? A lower bound of its needs, checked before the first batch is allocated,
+so that an impossible --batch_size is one line instead of minutes of swapping or an out-of-memory kill."""
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from trainer.cli import UserError
+
+# Values autograd keeps per token, per layer and per unit of width: about 20 measured in MiniMind blocks (attention
+# inputs and outputs, SwiGLU's 8/3-wide projections, norms); 16 keeps the estimate a lower bound.
+SAVED_PER_UNIT = 16
+
+
+def step_memory_bytes(config, num_params: int, batch_size: int, seq_len: int, dtype: torch.dtype) -> int:
+    """At least what one micro-step needs: fp32 weights, gradients and AdamW's two moments (16 bytes per
+    parameter), the activations kept for the backward pass, and the fp32 logits with their log-softmax."""
+    tokens = batch_size * seq_len
+    width = 2 if dtype in (torch.bfloat16, torch.float16) else 4
+    activations = tokens * config.num_hidden_layers * config.hidden_size * SAVED_PER_UNIT * width
+    logits = tokens * config.vocab_size * 4 * 2
+    return 16 * num_params + activations + logits
+
+
+def available_memory_bytes(device: torch.device) -> int | None:
+    """Free device memory (plus what this process's CUDA allocator already holds), or the host's available
+    memory for CPU training (all of it where the system does not say what is available); None if unknown."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device)
+    if device.type != "cpu":
+        return None
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        return int(re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.MULTILINE).group(1)) * 1024
+    except (OSError, AttributeError):  # not Linux
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+
+
+def require_step_fits(config, num_params: int, batch_size: int, seq_len: int, dtype: torch.dtype,
+                      device: torch.device) -> None:
+    needed = step_memory_bytes(config, num_params, batch_size, seq_len, dtype)
+    available = available_memory_bytes(device)
+    if available is not None and needed > available:
+        raise UserError(f"--batch_size {batch_size} x --max_seq_len {seq_len} needs at least {needed / 2**30:,.1f} "
+                        f"GiB for one training step, but {device} has {available / 2**30:,.1f} GiB available; lower "
+                        "--batch_size (and raise --accumulation_steps to keep the tokens per step)")

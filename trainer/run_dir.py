@@ -1,0 +1,71 @@
+"""A run directory belongs to one run.
+
+A fresh run refuses a directory that holds another run's checkpoints or metrics (--overwrite discards them on
+purpose), and the trainer holds an exclusive lock on out_dir/.lock for the whole run, so a second trainer on the
+same directory refuses at once. The lock is the kernel's (flock): it goes away with its process however that
+ends, so a crash never leaves a stale lock. Whatever a killed save left behind is removed under the lock.
+"""
+
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from trainer.checkpoint import LINK, find_checkpoints
+from trainer.cli import UserError
+from trainer.fs import LockHeld, exclusive_lock, remove_leftovers
+
+LOCK_FILE = ".lock"
+RECORDS = ("metrics.jsonl", "summary.json", "layers.png", "wandb")  # a run's files besides its checkpoints
+
+
+def previous_run(out_dir: Path) -> list[str]:
+    """What in out_dir belongs to an earlier run: its checkpoints, metrics or summary."""
+    found = [p.name for p in find_checkpoints(out_dir)]
+    metrics = out_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append(metrics.name)
+    if (out_dir / "summary.json").is_file():
+        found.append("summary.json")
+    return found
+
+
+def discard_run(out_dir: Path) -> None:
+    """--overwrite: delete the earlier run's checkpoints and records, and nothing else in the directory."""
+    for path in [out_dir / LINK, *out_dir.glob("step-*"), *(out_dir / name for name in RECORDS)]:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.is_symlink() or path.exists():
+            path.unlink()
+
+
+@contextmanager
+def claim_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> Iterator[None]:
+    """Own out_dir for the block: create it, lock it, and refuse another run's directory unless resuming it or
+    told to overwrite it. A directory this call created is removed again if the run leaves nothing in it."""
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = out_dir / LOCK_FILE
+    try:
+        with exclusive_lock(lock) as locked:
+            if not locked:
+                print(f"warning: cannot lock {lock} (the filesystem has no locks); make sure no other trainer "
+                      "uses this --out_dir", file=sys.stderr)
+            found = previous_run(out_dir)
+            if found and not resume and not overwrite:
+                raise UserError(f"--out_dir {out_dir} holds another run ({', '.join(found)}); continue it with "
+                                "--resume, choose a new --out_dir, or pass --overwrite to discard it")
+            leftovers = remove_leftovers(out_dir)
+            if leftovers:
+                print(f"removed what crashed saves left in {out_dir}: {', '.join(leftovers)}", file=sys.stderr)
+            try:
+                yield
+            finally:
+                if created and [p.name for p in out_dir.iterdir()] == [LOCK_FILE]:
+                    lock.unlink()
+                    out_dir.rmdir()
+    except LockHeld as held:
+        holder = f" (pid {held})" if str(held) else ""
+        raise UserError(f"--out_dir {out_dir} is in use by another trainer{holder}; wait for it to finish or "
+                        "choose another --out_dir") from None
