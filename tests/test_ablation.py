@@ -87,6 +87,7 @@ def test_bad_study_flags_are_one_line_errors(flags, message):
         run_ablation.parse_args(flags)
 
 
+@pytest.mark.slow  # four runs, a rerun and their figures: 20-50 s on 2 busy cores
 def test_two_variant_two_seed_study_writes_plots_and_table(study, capsys):
     out = study("--variants", "pre-rmsnorm", "post-layernorm", "--seeds", "0", "1", "--max_steps", "4",
                 "--eval_interval", "4")
