@@ -87,8 +87,9 @@ def test_bad_study_flags_are_one_line_errors(flags, message):
         run_ablation.parse_args(flags)
 
 
+@pytest.mark.slow  # four runs, a rerun and their figures: 20-50 s on 2 busy cores
 def test_two_variant_two_seed_study_writes_plots_and_table(study, capsys):
-    out = study("--variants", "pre-rmsnorm", "post-layernorm", "--seeds", "0", "1", "--max_steps", "8",
+    out = study("--variants", "pre-rmsnorm", "post-layernorm", "--seeds", "0", "1", "--max_steps", "4",
                 "--eval_interval", "4")
     for name in ("loss_curves.png", "layers.png", "results.md", "results.json"):
         assert (out / name).stat().st_size > 0, name
@@ -97,7 +98,7 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study, capsys):
     assert sorted((r["variant"], r["norm_position"], r["norm"], r["seed"], r["depth"]) for r in runs) == [
         ("post-layernorm", "post", "layernorm", 0, 2), ("post-layernorm", "post", "layernorm", 1, 2),
         ("pre-rmsnorm", "pre", "rmsnorm", 0, 2), ("pre-rmsnorm", "pre", "rmsnorm", 1, 2)]
-    assert all(r["step"] == 8 and not r["diverged"] for r in runs)
+    assert all(r["step"] == 4 and not r["diverged"] for r in runs)
     table = (out / "results.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| pre-") or line.startswith("| post-")]
     assert len(rows) == 2 and all(row.startswith(("| pre-rmsnorm | 2 |", "| post-layernorm | 2 |")) and " ± " in row
@@ -110,12 +111,12 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study, capsys):
 
     # re-running the finished study reuses the runs instead of training again
     capsys.readouterr()
-    study("--variants", "pre-rmsnorm", "post-layernorm", "--seeds", "0", "1", "--max_steps", "8",
+    study("--variants", "pre-rmsnorm", "post-layernorm", "--seeds", "0", "1", "--max_steps", "4",
           "--eval_interval", "4")
     assert "model:" not in capsys.readouterr().out
     # ... but refuses to mix in runs made with other settings
     with pytest.raises(UserError, match="other values of --weight_decay"):
-        study("--variants", "pre-rmsnorm", "--max_steps", "8", "--eval_interval", "4", "--weight_decay", "0.5")
+        study("--variants", "pre-rmsnorm", "--max_steps", "4", "--eval_interval", "4", "--weight_decay", "0.5")
 
 
 def test_depths_give_one_run_per_depth_with_that_many_layers(study):
