@@ -451,9 +451,11 @@ def test_the_ablation_runner_starts_afresh_over_a_run_that_crashed_before_its_fi
     spec.loader.exec_module(runner)
     study, base = runner.parse_args(["--out_dir", str(tmp_path / "study"), "--data_path", tiny_corpus,
                                      "--tokenizer_path", tiny_tokenizer_dir, *TINY, "--max_steps", "2"])
-    crashed = tmp_path / "study" / "runs" / runner.run_name("pre-rmsnorm", base.learning_rate, base.warmup_steps, 0)
+    crashed = tmp_path / "study" / "runs" / runner.run_name("pre-rmsnorm", base.num_hidden_layers, base.learning_rate,
+                                                                   base.warmup_steps, 0)
     crashed.mkdir(parents=True)
     (crashed / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 9.0}\n')
-    summary = runner.run_one(base, study, "pre-rmsnorm", base.learning_rate, base.warmup_steps, 0)
+    summary = runner.run_one(base, study, "pre-rmsnorm", base.num_hidden_layers, base.learning_rate,
+                             base.warmup_steps, 0)
     assert summary["step"] == 2 and sorted(train_losses(crashed)) == [1, 2]
     assert train_losses(crashed)[1] != 9.0
