@@ -234,16 +234,21 @@ def dyt_alpha(cfg: MiniMindConfig, site: str) -> float:
 
 
 NORM_TYPES = {
-    "rmsnorm": NormType(RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps), _init_affine, hf_rmsnorm=True,
-                        help="x / rms(x) * gain (Llama)"),
-    "rmsnorm_noparam": NormType(RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, elementwise_affine=False),
-                                _init_affine, hf_rmsnorm=True, help="RMSNorm without gains"),
-    "layernorm": NormType(nn.LayerNorm, lambda dim, cfg, site: nn.LayerNorm(dim, eps=cfg.rms_norm_eps, bias=True), _init_affine,
-                          help="(x - mean) / std * gain + bias (GPT-2)"),
-    "dyt": NormType(DyT, lambda dim, cfg, site: DyT(dim, dyt_alpha(cfg, site)), _init_dyt,
-                    help="gain * tanh(alpha * x) + bias, no statistics (DyT, 2025)"),
-    "batchnorm": NormType(BatchNorm, lambda dim, cfg, site: BatchNorm(dim, cfg.rms_norm_eps), _init_batchnorm,
-                          help="statistics over the batch: a demonstration that it leaks future tokens"),
+    "rmsnorm": NormType(
+        RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps), _init_affine, hf_rmsnorm=True,
+        help="x / rms(x) * gain (Llama)"),
+    "rmsnorm_noparam": NormType(
+        RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, elementwise_affine=False), _init_affine,
+        hf_rmsnorm=True, help="RMSNorm without gains"),
+    "layernorm": NormType(
+        nn.LayerNorm, lambda dim, cfg, site: nn.LayerNorm(dim, eps=cfg.rms_norm_eps, bias=True), _init_affine,
+        help="(x - mean) / std * gain + bias (GPT-2)"),
+    "dyt": NormType(
+        DyT, lambda dim, cfg, site: DyT(dim, dyt_alpha(cfg, site)), _init_dyt,
+        help="gain * tanh(alpha * x) + bias, no statistics (DyT, 2025)"),
+    "batchnorm": NormType(
+        BatchNorm, lambda dim, cfg, site: BatchNorm(dim, cfg.rms_norm_eps), _init_batchnorm,
+        help="statistics over the batch: a demonstration that it leaks future tokens"),
     "none": NormType(None, help="no normalization at all"),
 }
 NORM_MODULES = tuple(dict.fromkeys(t.cls for t in NORM_TYPES.values() if t.cls is not None))
