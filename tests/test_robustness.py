@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 import data.token_stream
 import trainer.memory
 import trainer.tracking
+import trainer.train_pretrain
 from data import DEFAULT_TOKENIZER_DIR, load_texts, prepare_split
 from model import MiniMindConfig, MiniMindForCausalLM
 from trainer.args import parse_args
@@ -306,6 +307,16 @@ class FullDisk(io.RawIOBase):
         no_space()
 
 
+def test_a_full_disk_when_writing_the_summary_is_one_line_and_resume_writes_it(tmp_path, run, monkeypatch):
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer.train_pretrain, "write_file_atomically", no_space)
+        with pytest.raises(UserError, match="cannot write .*summary.json \\(No space left on device\\); the checkpoint"):
+            run(out, "--max_steps", 2)
+    summary = run(out, "--max_steps", 2, "--resume")
+    assert json.loads((out / "summary.json").read_text()) == summary and summary["val_loss"] is not None
+
+
 def test_a_full_disk_while_logging_metrics_is_one_line(tmp_path):
     tracker = trainer.tracking.Tracker(tmp_path, False, {}, "p", "n", None, None)
     tracker.file.close()
@@ -344,6 +355,18 @@ def test_a_damaged_token_cache_is_detected_and_rebuilt(how, tmp_path, tiny_corpu
     rebuilt = prepare_split(tiny_corpus, "validation", tiny_tokenizer, cache_dir=tmp_path)
     assert f"warning: token cache {packed.path} is damaged" in capsys.readouterr().err
     assert np.array_equal(rebuilt.tokens, expected) and rebuilt.sha256 == packed.sha256
+
+
+def test_a_full_disk_while_tokenizing_is_one_line_and_leaves_no_temp_files(tmp_path, tiny_corpus, tiny_tokenizer,
+                                                                            monkeypatch):
+    def fills_the_disk(texts, tokenizer, dtype, out, *rest):
+        out.write(b"the first tokens")
+        no_space()
+
+    monkeypatch.setattr(data.token_stream, "_pack", fills_the_disk)
+    with pytest.raises(UserError, match=f"^cannot write the token cache in {tmp_path} \\(No space left on device\\)"):
+        prepare_split(tiny_corpus, "validation", tiny_tokenizer, cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_non_string_text_names_file_and_record(tmp_path):

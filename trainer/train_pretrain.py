@@ -434,7 +434,11 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
             "norm": cfg.norm_type, "norm_position": cfg.norm_position, "hidden_size": cfg.hidden_size,
             "seed": args.seed, "out_dir": str(out_dir), "args": vars(args), "data": fingerprint,
         })
-        write_file_atomically(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=1).encode()))
+        try:
+            write_file_atomically(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=1).encode()))
+        except OSError as err:
+            raise UserError(f"cannot write {out_dir / 'summary.json'} ({err.strerror}); the checkpoint is saved: free "
+                            "some space, then run the same command with --resume to write it") from None
         tracker.close()
     return summary
 
