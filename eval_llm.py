@@ -6,7 +6,7 @@
     python eval_llm.py --compare out/ablation/runs/* --eval_data          # every ablation run, side by side
 
 A model directory is the trainer's --out_dir (its `checkpoint` link is followed), a checkpoint folder, or any
-directory AutoModelForCausalLM loads, e.g. a LlamaForCausalLM written by scripts/convert_to_llama.py. The
+directory AutoModelForCausalLM loads, e.g. a Llama, Qwen3 or OLMo 2 model written by scripts/convert_to_hf.py. The
 tokenizer comes from the same directory unless --tokenizer_path is given.
 
 Prompts: each is encoded after the tokenizer's bos token (this repo's document separator), because in
@@ -31,6 +31,7 @@ from transformers.utils import logging as hf_logging
 
 import model  # noqa: F401  (registers MiniMind with the Auto classes)
 from data import BatchSampler, bits_per_byte, load_tokenizer, prepare_split
+from model import norm_variant
 from trainer.checkpoint import LINK, resolve_model_dir
 from trainer.cli import ArgumentParser, UserError, require_positive, run_cli
 from trainer.device import autocast, pick_device, resolve_dtype
@@ -64,8 +65,7 @@ class Result:
     """One checkpoint's part of a comparison: its label, norm variant, continuations and held-out metrics."""
 
     name: str
-    norm: str
-    position: str
+    variant: str
     continuations: list[str]
     metrics: dict | None = None
 
@@ -106,13 +106,15 @@ def display_name(path) -> str:
     return path.parent.name if is_inner else path.name
 
 
-def norm_variant(config) -> tuple[str, str]:
-    """(norm type, position) of a loaded model's config."""
+# What scripts/convert_to_hf.py exports, in model.norm_variant's terms.
+HF_VARIANTS = {"llama": "pre-rmsnorm", "qwen3": "pre+qk_head-rmsnorm", "olmo2": "reorder+qk_proj-rmsnorm"}
+
+
+def variant_of(config) -> str:
+    """The full normalization setup of a loaded model, e.g. 'peri+qk_head-layernorm'."""
     if config.model_type == "minimind":
-        return config.norm_type, config.norm_position
-    if config.model_type == "llama":  # what scripts/convert_to_llama.py exports: Pre-Norm RMSNorm only
-        return "rmsnorm", "pre"
-    return "?", "?"
+        return norm_variant(config)
+    return HF_VARIANTS.get(config.model_type, "?")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -214,7 +216,7 @@ def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu", token
         lm, tokenizer = load(path, tokenizer_path, device)
         continuations = [generate_text(lm, tokenizer, p, sampling) for p in prompts]
         metrics = evaluate_split(lm, tokenizer, **eval_kwargs) if eval_kwargs is not None else None
-        results.append(Result(name, *norm_variant(lm.config), continuations, metrics))
+        results.append(Result(name, variant_of(lm.config), continuations, metrics))
     return results
 
 
@@ -224,14 +226,14 @@ def format_comparison(prompts, results: list[Result]) -> str:
     for i, prompt in enumerate(prompts):
         lines = [f"=== prompt {i + 1} ===", prompt]
         for r in results:
-            lines += [f"--- {r.name} ({r.norm}, {r.position}-norm) ---", r.continuations[i]]
+            lines += [f"--- {r.name} ({r.variant}) ---", r.continuations[i]]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
 
 def format_metrics_table(results: list[Result]) -> str:
-    header = ("checkpoint", "norm", "position", "loss", "ppl", "bpb")
-    rows = [header] + [(r.name, r.norm, r.position, f"{r.metrics['loss']:.4f}", f"{r.metrics['ppl']:.2f}",
+    header = ("checkpoint", "variant", "loss", "ppl", "bpb")
+    rows = [header] + [(r.name, r.variant, f"{r.metrics['loss']:.4f}", f"{r.metrics['ppl']:.2f}",
                         f"{r.metrics['bpb']:.4f}") for r in results]
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
@@ -321,7 +323,7 @@ def main(argv=None) -> None:
     lm, tokenizer = load(args.model_path, args.tokenizer_path, device)
     if eval_kwargs is not None:
         metrics = evaluate_split(lm, tokenizer, **eval_kwargs)
-        print(format_metrics_table([Result(display_name(args.model_path), *norm_variant(lm.config), [], metrics)]))
+        print(format_metrics_table([Result(display_name(args.model_path), variant_of(lm.config), [], metrics)]))
         if not args.prompt:
             return
     prompts = args.prompt or (read_prompts() if sys.stdin.isatty() else DEFAULT_PROMPTS)

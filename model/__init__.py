@@ -5,13 +5,17 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from model.model_minimind import (
     NORM_POSITIONS,
+    NORM_SCALINGS,
     NORM_TYPES,
+    QK_NORMS,
     MiniMindConfig,
     MiniMindForCausalLM,
     count_norms,
+    norm_variant,
 )
 
 AutoConfig.register(MiniMindConfig.model_type, MiniMindConfig, exist_ok=True)
 AutoModelForCausalLM.register(MiniMindConfig, MiniMindForCausalLM, exist_ok=True)
 
-__all__ = ["NORM_POSITIONS", "NORM_TYPES", "MiniMindConfig", "MiniMindForCausalLM", "count_norms"]
+__all__ = ["NORM_POSITIONS", "NORM_SCALINGS", "NORM_TYPES", "QK_NORMS", "MiniMindConfig", "MiniMindForCausalLM",
+           "count_norms", "norm_variant"]

@@ -1,25 +1,47 @@
-"""MiniMind: a small Llama-style decoder with switchable normalization.
+"""MiniMind: a small Llama-style decoder whose normalization is data, not code.
 
-Read top to bottom: config -> the norms -> rotary embeddings -> attention -> feed-forward -> block -> model.
-With the defaults (Pre-Norm, 8 layers) the model holds 17 norms:
+Read top to bottom: config -> the norms -> the norm plan -> rotary embeddings -> attention -> feed-forward ->
+block -> model. With the defaults (Pre-Norm RMSNorm, 8 layers) the model holds 17 norms:
 
     layers.{0..7}.input_layernorm            before attention      (8)
     layers.{0..7}.post_attention_layernorm   before the MLP        (8)   <- Llama's name; it is a *pre*-MLP norm
     norm                                     before lm_head        (1)
 
-With norm_position="post" (the 2017 Transformer), each block instead normalizes *after* each residual add:
+Where the norms sit is decided by `norm_position`, turned by layer_plans() into one small LayerPlan per block
+(which norm slots exist, a scale on the skip, a scale on the input norms); one block class runs every plan.
+Each sublayer F (attention, MLP) has three slots: before F (x + F(N(x))), on F's output before the add
+(x + N(F(x))) and on the sum (N(x + F(x))). Module names follow the Hugging Face family that uses each
+placement, so one name can mean different things in different placements:
 
-    layers.{0..7}.post_attention_layernorm   after attention + residual      (8)
-    layers.{0..7}.post_feedforward_layernorm after MLP + residual            (8)
+  placement  block formula (per sublayer F)  norms per block, in order                              final  at L=8
+  pre        x + F(N(x))                     input_layernorm (attn in), post_attention_layernorm    yes    17
+                                             (MLP in)                                   [Llama, Qwen3]
+  post       N(x + F(x))                     post_attention_layernorm (after attn add),              no     16
+                                             post_feedforward_layernorm (after MLP add)   [2017]
+  peri       x + N_out(F(N_in(x)))           input_layernorm (attn in), post_attention_layernorm     yes    33
+                                             (attn out), pre_feedforward_layernorm (MLP in),
+                                             post_feedforward_layernorm (MLP out)        [Gemma 2/3]
+  reorder    x + N(F(x))                     post_attention_layernorm (attn out),                   yes    17
+                                             post_feedforward_layernorm (MLP out)        [OLMo 2]
+  deepnorm   N(alpha * x + F(x))             as post; alpha = (2L)^(1/4), and v_proj, o_proj and     no     16
+                                             the MLP start at beta = (8L)^(-1/4) times the usual init
+  mix        post in blocks < floor(f * L),  post's names in the Post blocks, pre's in the others   yes    17
+             pre in the rest (Mix-LN)        (f = mix_ln_fraction = 0.25: 2 Post blocks at L=8)
 
-and there is no final norm (16 in all): the last block already ends in a norm, and a second norm straight
-after it would only rescale what the first one produced.
+A final norm is kept wherever the last block leaves the residual stream un-normalized; after a Post block it
+would only rescale what that block's norm produced. Two switches work with every placement:
+  qk_norm="head"  self_attn.q_norm / k_norm over each head's head_dim, before RoPE (Qwen3, Gemma 3): +2 per block
+  qk_norm="proj"  the same over the whole q / k projections, before the head split (OLMo 2):       +2 per block
+and norm_scaling="depth" (LayerNorm Scaling) multiplies the input norms of block l = 1..L by 1/sqrt(l) (pre and
+mix only; no extra norms). norm_type (RMSNorm, LayerNorm, DyT, BatchNorm, none) is independent of all of this.
 
-Module names follow Hugging Face's modeling_llama.py, so a Pre-RMSNorm checkpoint maps 1:1 onto
-LlamaForCausalLM (see scripts/convert_to_llama.py).
+Pre-Norm RMSNorm maps 1:1 onto LlamaForCausalLM, with head QK-norm onto Qwen3ForCausalLM, and reorder with proj
+QK-norm onto Olmo2ForCausalLM (scripts/convert_to_hf.py).
 """
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +51,12 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-NORM_POSITIONS = ("pre", "post")
+from model.norms import BatchNorm, DyT
+from model.rmsnorm_kernels import rms_norm
+
+NORM_POSITIONS = ("pre", "post", "peri", "reorder", "deepnorm", "mix")
+NORM_SCALINGS = ("none", "depth")
+QK_NORMS = ("none", "head", "proj")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -54,7 +81,15 @@ class MiniMindConfig(PretrainedConfig):
         rms_norm_eps: float = 1e-5,
         norm_type: str = "rmsnorm",
         norm_position: str = "pre",
+        mix_ln_fraction: float = 0.25,
+        norm_scaling: str = "none",
+        qk_norm: str = "none",
+        deepnorm_alpha: float | None = None,
+        deepnorm_beta: float | None = None,
         dyt_alpha_init: float = 0.5,
+        dyt_alpha_init_attn: float | None = None,
+        dyt_alpha_init_mlp: float | None = None,
+        dyt_alpha_init_final: float | None = None,
         initializer_range: float = 0.02,
         tie_word_embeddings: bool = True,
         bos_token_id: int = 1,
@@ -75,7 +110,18 @@ class MiniMindConfig(PretrainedConfig):
         self.rms_norm_eps = rms_norm_eps
         self.norm_type = norm_type
         self.norm_position = norm_position
+        self.mix_ln_fraction = mix_ln_fraction
+        self.norm_scaling = norm_scaling
+        self.qk_norm = qk_norm
+        # DeepNet's decoder-only constants unless set (setting both to 1 turns deepnorm into post, a test uses it)
+        self.deepnorm_alpha = deepnorm_alpha
+        self.deepnorm_beta = deepnorm_beta
+        # DyT's LLaMA recipe starts alpha differently before attention, before the MLP and in the final norm;
+        # an unset position falls back to dyt_alpha_init (also used by the QK-norms).
         self.dyt_alpha_init = dyt_alpha_init
+        self.dyt_alpha_init_attn = dyt_alpha_init_attn
+        self.dyt_alpha_init_mlp = dyt_alpha_init_mlp
+        self.dyt_alpha_init_final = dyt_alpha_init_final
         self.initializer_range = initializer_range
         self._validate()
         super().__init__(
@@ -105,10 +151,22 @@ class MiniMindConfig(PretrainedConfig):
                 f"num_attention_heads ({self.num_attention_heads}) must be divisible by num_key_value_heads "
                 f"({self.num_key_value_heads}); allowed: a divisor of num_attention_heads"
             )
-        if self.norm_type not in NORM_TYPES:
-            raise ValueError(f"norm_type must be one of {sorted(NORM_TYPES)}, got {self.norm_type!r}")
-        if self.norm_position not in NORM_POSITIONS:
-            raise ValueError(f"norm_position must be one of {list(NORM_POSITIONS)}, got {self.norm_position!r}")
+        for name, allowed in (("norm_type", sorted(NORM_TYPES)), ("norm_position", list(NORM_POSITIONS)),
+                              ("norm_scaling", list(NORM_SCALINGS)), ("qk_norm", list(QK_NORMS))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.norm_scaling != "none" and self.norm_position not in ("pre", "mix"):
+            raise ValueError(f"norm_scaling={self.norm_scaling!r} scales the input norms of Pre-Norm blocks; "
+                             f"allowed with norm_position 'pre' or 'mix', got {self.norm_position!r}")
+        if self.qk_norm != "none" and self.norm_type == "none":
+            raise ValueError(f"qk_norm={self.qk_norm!r} needs a norm to apply; allowed with any norm_type but "
+                             "'none' (or set qk_norm='none')")
+        if not 0 <= self.mix_ln_fraction <= 1:
+            raise ValueError(f"mix_ln_fraction must be in [0, 1], got {self.mix_ln_fraction}")
+        for name in ("deepnorm_alpha", "deepnorm_beta", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
+                     "dyt_alpha_init_final"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 (or unset for the default), got {getattr(self, name)}")
 
     @property
     def head_dim(self) -> int:
@@ -116,64 +174,7 @@ class MiniMindConfig(PretrainedConfig):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Normalization: every variant the study can switch to, chosen by name from NORM_TYPES below.
-
-
-class _RMSNormFunction(torch.autograd.Function):
-    """RMSNorm's eager formula (see RMSNorm) with a hand-written backward.
-
-    At the model's shapes a norm is memory-bound: each elementwise op is one full pass over the activation.
-    Left to autograd, the formula's float32 backward makes nine such passes, and y (for bf16 input also a
-    float32 copy of x) stays saved until it runs. This backward makes four, the last three into one reused
-    buffer, plus two read-only mat-vecs that get both reductions (for dx and dweight) from the one product g*x;
-    only x and the per-row rstd are saved. The forward is the eager formula itself: its output is bit-identical.
-
-    Why this path (scripts/bench_norms.py, 1024 x 512 fp32, the project's 2-core CPU): forward+backward takes
-    0.35-0.45x the eager formula's time (forward alone is the same); F.rms_norm decomposes into the eager ops on
-    CPU and is no faster; torch.compile of the formula is ~20% faster still, but compiles for seconds on first
-    use of each shape and dtype (whole-model torch.compile traces this Function and fuses it anyway);
-    LayerNorm's fused ATen kernels stay ~2x faster. For bf16 input it is no faster than eager: the upcasts and
-    the exact weight gradient (which needs y as rounded to bf16) cost the passes it saves.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-        xf = x.float()
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        y = (xf * rstd).to(x.dtype)
-        if weight is not None:
-            # In place unless the product changes dtype (bf16 x times a float32 weight under autocast -> float32).
-            y = y.mul_(weight) if weight.dtype == y.dtype else y * weight
-        ctx.save_for_backward(x, rstd, weight)
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: torch.Tensor):
-        x, rstd, weight = ctx.saved_tensors
-        dim = x.shape[-1]
-        # backward() may be called inside an autocast region, which would run the mat-vecs in bf16/fp16.
-        with torch.autocast(x.device.type, enabled=False):
-            xf, g = x.float(), grad_out.float()
-            # Per row, with gy = g * weight the gradient reaching y = x * rstd:
-            #   dx = rstd * (gy - x * rstd^2 * c / dim),   c = sum_j gy_j x_j = (g * x) @ weight
-            #   dweight = sum over rows of g * y             = (g * x)^T @ rstd   when y was not rounded
-            buf = g * xf
-            rows = buf.reshape(-1, dim)
-            if weight is None:
-                c, dweight = rows.sum(-1), None
-                dx = buf.copy_(g)
-            else:
-                wf = weight.float()
-                c = torch.mv(rows, wf)
-                if x.dtype == torch.float32:
-                    dweight = torch.mv(rows.T, rstd.reshape(-1))
-                else:  # the forward multiplied the weight by y rounded to x.dtype: use that exact y
-                    dweight = (g * (xf * rstd).to(x.dtype)).reshape(-1, dim).sum(0)
-                dweight = dweight.to(weight.dtype)
-                dx = torch.mul(g, wf, out=buf)  # both reductions are done, so buf is free
-            dx.addcmul_(xf, rstd.square().mul_(c.view_as(rstd)).div_(-dim)).mul_(rstd)
-        return dx.to(x.dtype), dweight, None
+# Normalization: RMSNorm here, the other types in model/norms.py; NORM_TYPES below is the registry of all.
 
 
 class RMSNorm(nn.Module):
@@ -182,9 +183,9 @@ class RMSNorm(nn.Module):
     The statistics are computed in float32 and the result cast back, because mean(x^2) over 512 bf16 values
     loses most of its precision; the weight multiplies the cast-back value, as in Llama, so under autocast
     (bf16 x, float32 weight) the output is float32. elementwise_affine=False gives the parameter-free variant.
-    The arithmetic lives in _RMSNormFunction, which is the eager formula
+    The arithmetic lives in model/rmsnorm_kernels.py: the eager formula
         xf = x.float(); (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-    with a cheaper backward.
+    or, with the same output bit for bit, a faster way to run it, chosen by device and dtype from measurement.
     """
 
     def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True):
@@ -193,46 +194,148 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if elementwise_affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _RMSNormFunction.apply(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
 
 
-class DyT(nn.Module):
-    """Dynamic Tanh (Zhu et al., CVPR 2025): y = weight * tanh(alpha * x) + bias, with one learnable scalar alpha.
+@dataclass(frozen=True)
+class NormType:
+    """One entry of the norm registry: how to build a norm of this type for a slot, and how to initialize it."""
 
-    Not a normalization at all: an elementwise squashing that replaces the norm. alpha starts at
-    dyt_alpha_init (0.5, the paper's default), weight at 1 and bias at 0.
-    """
-
-    def __init__(self, dim: int, alpha_init: float = 0.5):
-        super().__init__()
-        self.alpha_init = alpha_init
-        self.alpha = nn.Parameter(torch.full((1,), alpha_init))
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.alpha * x) * self.weight + self.bias
+    cls: type[nn.Module] | None  # what count_norms counts; None = no norm at all
+    build: Callable[[int, MiniMindConfig, str], nn.Module] | None = None  # (dim, config, site) -> a module
+    init: Callable[[nn.Module], None] | None = None  # the fresh-model state (also for buffers)
+    hf_rmsnorm: bool = False  # computes what HF's RMSNorm (Llama, Qwen3, OLMo 2) computes, gains included
+    help: str = ""
 
 
-# name -> constructor(hidden_size, config). "none" keeps the module slots (as Identity) so the block code
-# stays the same for every variant.
+def _init_affine(m: nn.Module) -> None:
+    if m.weight is not None:
+        init.ones_(m.weight)
+    if getattr(m, "bias", None) is not None:
+        init.zeros_(m.bias)
+
+
+def _init_batchnorm(m: BatchNorm) -> None:
+    _init_affine(m)
+    init.zeros_(m.running_mean)
+    init.ones_(m.running_var)
+    init.zeros_(m.num_batches_tracked)
+
+
+def _init_dyt(m: DyT) -> None:
+    _init_affine(m)
+    init.constant_(m.alpha, m.alpha_init)
+
+
+def dyt_alpha(cfg: MiniMindConfig, site: str) -> float:
+    """DyT's starting alpha for a norm at site 'attn', 'mlp', 'final' or 'qk' (per-position where set)."""
+    per_site = getattr(cfg, f"dyt_alpha_init_{site}", None)
+    return cfg.dyt_alpha_init if per_site is None else per_site
+
+
 NORM_TYPES = {
-    "rmsnorm": lambda dim, cfg: RMSNorm(dim, cfg.rms_norm_eps),
-    "rmsnorm_noparam": lambda dim, cfg: RMSNorm(dim, cfg.rms_norm_eps, elementwise_affine=False),
-    "layernorm": lambda dim, cfg: nn.LayerNorm(dim, eps=cfg.rms_norm_eps, bias=True),  # GPT-2 style
-    "dyt": lambda dim, cfg: DyT(dim, cfg.dyt_alpha_init),
-    "none": lambda dim, cfg: nn.Identity(),
+    "rmsnorm": NormType(RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps), _init_affine, hf_rmsnorm=True,
+                        help="x / rms(x) * gain (Llama)"),
+    "rmsnorm_noparam": NormType(RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, elementwise_affine=False),
+                                _init_affine, hf_rmsnorm=True, help="RMSNorm without gains"),
+    "layernorm": NormType(nn.LayerNorm, lambda dim, cfg, site: nn.LayerNorm(dim, eps=cfg.rms_norm_eps, bias=True), _init_affine,
+                          help="(x - mean) / std * gain + bias (GPT-2)"),
+    "dyt": NormType(DyT, lambda dim, cfg, site: DyT(dim, dyt_alpha(cfg, site)), _init_dyt,
+                    help="gain * tanh(alpha * x) + bias, no statistics (DyT, 2025)"),
+    "batchnorm": NormType(BatchNorm, lambda dim, cfg, site: BatchNorm(dim, cfg.rms_norm_eps), _init_batchnorm,
+                          help="statistics over the batch: a demonstration that it leaks future tokens"),
+    "none": NormType(None, help="no normalization at all"),
 }
-NORM_MODULES = (RMSNorm, nn.LayerNorm, DyT)
+NORM_MODULES = tuple(dict.fromkeys(t.cls for t in NORM_TYPES.values() if t.cls is not None))
 
 
-def make_norm(config: MiniMindConfig) -> nn.Module:
-    return NORM_TYPES[config.norm_type](config.hidden_size, config)
+def init_norm(module: nn.Module) -> None:
+    """Give a norm module its fresh state (anything else is left alone)."""
+    kind = next((t for t in NORM_TYPES.values() if t.cls is not None and type(module) is t.cls), None)
+    if kind is not None:
+        kind.init(module)
+
+
+def make_norm(config: MiniMindConfig, site: str, dim: int | None = None) -> nn.Module:
+    """A norm of config.norm_type for one slot; an Identity for norm_type='none', so every slot stays callable."""
+    build = NORM_TYPES[config.norm_type].build
+    return nn.Identity() if build is None else build(dim or config.hidden_size, config, site)
 
 
 def count_norms(model: nn.Module) -> int:
     """Number of normalization modules (Identity placeholders of norm_type='none' do not count)."""
     return sum(isinstance(m, NORM_MODULES) for m in model.modules())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The norm plan: where each block normalizes, as data. layer_plans(config) is the only reader of norm_position.
+
+
+@dataclass(frozen=True)
+class Slots:
+    """The norm slots around one sublayer F, each the module name of a norm or None (empty slot)."""
+
+    before: str | None = None  # x + F(N(x))
+    after: str | None = None  # x + N(F(x))
+    around: str | None = None  # N(x + F(x))
+
+    def names(self) -> list[str]:
+        return [n for n in (self.before, self.after, self.around) if n]
+
+
+PRE = (Slots(before="input_layernorm"), Slots(before="post_attention_layernorm"))
+POST = (Slots(around="post_attention_layernorm"), Slots(around="post_feedforward_layernorm"))
+PERI = (Slots(before="input_layernorm", after="post_attention_layernorm"),
+        Slots(before="pre_feedforward_layernorm", after="post_feedforward_layernorm"))
+REORDER = (Slots(after="post_attention_layernorm"), Slots(after="post_feedforward_layernorm"))
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    attn: Slots
+    mlp: Slots
+    skip_scale: float = 1.0  # DeepNorm's alpha: N(alpha * x + F(x))
+    input_scale: float = 1.0  # LayerNorm Scaling's 1/sqrt(l) on the 'before' norms' outputs
+    init_scale: float = 1.0  # DeepNorm's beta on the initial v_proj, o_proj and MLP weights
+
+
+def num_post_blocks(config: MiniMindConfig) -> int:
+    """Mix-LN's Post-Norm blocks come first: floor(fraction * L) of them (the epsilon absorbs 0.29 * 100 = 28.99..)."""
+    return math.floor(config.mix_ln_fraction * config.num_hidden_layers + 1e-9)
+
+
+def layer_plans(config: MiniMindConfig) -> list[LayerPlan]:
+    L, position = config.num_hidden_layers, config.norm_position
+    alpha = beta = 1.0
+    if position == "deepnorm":  # DeepNet (2022), decoder-only: alpha = (2L)^(1/4), beta = (8L)^(-1/4)
+        alpha = config.deepnorm_alpha or (2 * L) ** 0.25
+        beta = config.deepnorm_beta or (8 * L) ** -0.25
+    plans = []
+    for i in range(L):
+        if position == "mix":
+            slots = POST if i < num_post_blocks(config) else PRE
+        else:
+            slots = {"pre": PRE, "post": POST, "peri": PERI, "reorder": REORDER, "deepnorm": POST}[position]
+        scale = 1 / math.sqrt(i + 1) if config.norm_scaling == "depth" else 1.0
+        plans.append(LayerPlan(*slots, skip_scale=alpha, input_scale=scale, init_scale=beta))
+    return plans
+
+
+def has_final_norm(config: MiniMindConfig) -> bool:
+    """A final norm wherever the last block may leave the residual stream un-normalized (Mix-LN keeps it always)."""
+    return config.norm_position not in ("post", "deepnorm")
+
+
+def norm_variant(config: MiniMindConfig) -> str:
+    """A short name for the whole normalization setup, e.g. 'pre-rmsnorm', 'pre+depth+qk_head-rmsnorm'."""
+    placement = config.norm_position
+    if placement == "mix" and config.mix_ln_fraction != 0.25:
+        placement += f"{config.mix_ln_fraction:g}"
+    if config.norm_scaling != "none":
+        placement += f"+{config.norm_scaling}"
+    if config.qk_norm != "none":
+        placement += f"+qk_{config.qk_norm}"
+    return f"{placement}-{config.norm_type}"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -292,7 +395,7 @@ def attention_mask_for(
 
 
 class Attention(nn.Module):
-    def __init__(self, config: MiniMindConfig, layer_idx: int):
+    def __init__(self, config: MiniMindConfig, layer_idx: int, init_scale: float = 1.0):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_heads = config.num_attention_heads
@@ -302,13 +405,31 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
+        self.v_proj.init_scale = self.o_proj.init_scale = init_scale  # DeepNorm's beta; q and k keep gain 1
+        # QK-norm bounds the attention logits: per head (Qwen3) or over the whole projection, mixing heads (OLMo 2)
+        self.qk_norm = config.qk_norm
+        if self.qk_norm != "none":
+            per_head = self.qk_norm == "head"
+            self.q_norm = make_norm(config, "qk", self.head_dim if per_head else self.n_heads * self.head_dim)
+            self.k_norm = make_norm(config, "qk", self.head_dim if per_head else self.n_kv_heads * self.head_dim)
+
+    def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries [batch, heads, seq, head_dim] and keys [batch, kv_heads, seq, head_dim] as attention uses them:
+        after QK-norm, which comes before RoPE (so a norm gain acts in the unrotated basis, as in Qwen3/OLMo 2)."""
+        bsz, seq, _ = x.shape
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.qk_norm == "proj":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(bsz, seq, self.n_heads, self.head_dim)
+        k = k.view(bsz, seq, self.n_kv_heads, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rotary(q.transpose(1, 2), *rope), apply_rotary(k.transpose(1, 2), *rope)
 
     def forward(self, x, rope, mask, past_key_values: Cache | None) -> torch.Tensor:
         bsz, seq, _ = x.shape
-        q = self.q_proj(x).view(bsz, seq, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.project_qk(x, rope)
         v = self.v_proj(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         y = F.scaled_dot_product_attention(
@@ -322,41 +443,50 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, config: MiniMindConfig):
+    def __init__(self, config: MiniMindConfig, init_scale: float = 1.0):
         super().__init__()
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        for proj in (self.gate_proj, self.up_proj, self.down_proj):
+            proj.init_scale = init_scale  # DeepNorm's beta
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 # ----------------------------------------------------------------------------------------------------------
-# One block. The only place where norm_position matters.
+# One block, for every placement: its LayerPlan says which norm slots hold a norm and how to scale.
 
 
 class MiniMindBlock(nn.Module):
-    def __init__(self, config: MiniMindConfig, layer_idx: int):
+    def __init__(self, config: MiniMindConfig, layer_idx: int, plan: LayerPlan):
         super().__init__()
-        self.pre_norm = config.norm_position == "pre"
-        self.self_attn = Attention(config, layer_idx)
-        self.mlp = FeedForward(config)
-        if self.pre_norm:
-            self.input_layernorm = make_norm(config)
-            self.post_attention_layernorm = make_norm(config)
-        else:
-            self.post_attention_layernorm = make_norm(config)
-            self.post_feedforward_layernorm = make_norm(config)
+        self.plan = plan
+        self.self_attn = Attention(config, layer_idx, plan.init_scale)
+        self.mlp = FeedForward(config, plan.init_scale)
+        for site, slots in (("attn", plan.attn), ("mlp", plan.mlp)):
+            for name in slots.names():
+                self.add_module(name, make_norm(config, site))
 
     def forward(self, x, rope, mask, past_key_values=None) -> torch.Tensor:
-        if self.pre_norm:
-            # x + F(Norm(x)): the residual path is an untouched sum from the embeddings to the last layer.
-            x = x + self.self_attn(self.input_layernorm(x), rope, mask, past_key_values)
-            return x + self.mlp(self.post_attention_layernorm(x))
-        # Norm(x + F(x)): every residual add is renormalized, so the residual path passes through 2L norms.
-        x = self.post_attention_layernorm(x + self.self_attn(x, rope, mask, past_key_values))
-        return self.post_feedforward_layernorm(x + self.mlp(x))
+        x = self.residual(x, self.plan.attn, lambda h: self.self_attn(h, rope, mask, past_key_values))
+        return self.residual(x, self.plan.mlp, self.mlp)
+
+    def residual(self, x: torch.Tensor, slots: Slots, sublayer) -> torch.Tensor:
+        """One residual sublayer with whatever norms the plan puts around it. Pre-Norm: x + F(N(x)), whose
+        residual path is an untouched sum from the embeddings to the last layer; Post-Norm: N(x + F(x)), which
+        renormalizes every sum, so that path passes through 2L norms."""
+        h = x
+        if slots.before:
+            h = getattr(self, slots.before)(h)
+            if self.plan.input_scale != 1.0:
+                h = h * self.plan.input_scale
+        h = sublayer(h)
+        if slots.after:
+            h = getattr(self, slots.after)(h)
+        x = x + h if self.plan.skip_scale == 1.0 else self.plan.skip_scale * x + h
+        return getattr(self, slots.around)(x) if slots.around else x
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -373,25 +503,20 @@ class MiniMindPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, NORM_MODULES):
-            if module.weight is not None:
-                init.ones_(module.weight)
-            if getattr(module, "bias", None) is not None:
-                init.zeros_(module.bias)
-            if isinstance(module, DyT):
-                init.constant_(module.alpha, module.alpha_init)
+            init.normal_(module.weight, mean=0.0, std=std * getattr(module, "init_scale", 1.0))
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
+        else:
+            init_norm(module)
 
 
 class MiniMindModel(MiniMindPreTrainedModel):
     def __init__(self, config: MiniMindConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(MiniMindBlock(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(MiniMindBlock(config, i, plan) for i, plan in enumerate(layer_plans(config)))
         # Pre-Norm leaves the residual stream un-normalized, so it needs one last norm before lm_head.
-        self.norm = make_norm(config) if config.norm_position == "pre" else nn.Identity()
+        self.norm = make_norm(config, "final") if has_final_norm(config) else nn.Identity()
         self.rotary_emb = RotaryEmbedding(config)
         self.post_init()
 

@@ -2,17 +2,20 @@
 
     python scripts/bench_norms.py                      # 4*256 tokens x 512 hidden, fp32 and bf16
     python scripts/bench_norms.py --tokens 8192 --hidden 768 --dtypes fp32 --json out/norms.json
+    python scripts/bench_norms.py --device cuda --dtypes fp32,bf16,fp16
 
 Ops (each an nn.Module, so forward+backward also produces the weight gradients a training step needs):
-  rmsnorm_eager      MiniMind's original RMSNorm, written out here as the fixed baseline
-  F.rms_norm         torch.nn.functional.rms_norm
+  rmsnorm_eager      MiniMind's original RMSNorm formula left to autograd: the fixed baseline
+  F.rms_norm         the same output through torch.nn.functional.rms_norm (fused kernels on CUDA)
+  hand-written       the same output with the hand-written backward of model/rmsnorm_kernels.py
   layernorm          torch.nn.LayerNorm (one fused ATen kernel each way)
   rmsnorm_compiled   torch.compile of rmsnorm_eager (compile time is reported separately)
-  model.RMSNorm      model.model_minimind.RMSNorm, whatever it currently is
+  model.RMSNorm      model.model_minimind.RMSNorm: whichever of the first three it picks for this device and dtype
   copy               x.clone(): the memory-bandwidth floor for a pass that reads and writes x once
 
 "fwd" runs under torch.no_grad() (inference cost, no graph recorded); "fwd+bwd" runs the forward with autograd
 on and torch.autograd.grad for the input and every parameter (no .grad accumulation, which would add a pass).
+The last lines name the path the model takes here and its time against LayerNorm's, per dtype.
 """
 
 import json
@@ -23,12 +26,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils import benchmark
 
 from model.model_minimind import RMSNorm
-from trainer.cli import ArgumentParser, UserError, run_cli
+from model.rmsnorm_kernels import IMPLEMENTATIONS, implementation_for
+from trainer.cli import ArgumentParser, UserError, require_positive, run_cli
 from trainer.device import pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -36,25 +39,16 @@ EPS = 1e-5
 BLOCKS = 5  # each timing is the best of this many blocks of calls (see time_cases)
 
 
-class EagerRMSNorm(nn.Module):
-    """The baseline: MiniMind's (and Llama's) RMSNorm exactly as first written, left to autograd."""
+class RMSNormWith(nn.Module):
+    """An RMSNorm with a weight, computed by one of model/rmsnorm_kernels.py's implementations."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, implementation: str):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
+        self.implementation = IMPLEMENTATIONS[implementation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * self.weight
-
-
-class FunctionalRMSNorm(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, EPS)
+        return self.implementation(x, self.weight, EPS)
 
 
 class Copy(nn.Module):
@@ -63,10 +57,11 @@ class Copy(nn.Module):
 
 
 OPS = {
-    "rmsnorm_eager": EagerRMSNorm,
-    "F.rms_norm": FunctionalRMSNorm,
+    "rmsnorm_eager": lambda dim: RMSNormWith(dim, "eager"),
+    "F.rms_norm": lambda dim: RMSNormWith(dim, "F.rms_norm"),
+    "hand-written": lambda dim: RMSNormWith(dim, "hand-written"),
     "layernorm": lambda dim: nn.LayerNorm(dim, eps=EPS),
-    "rmsnorm_compiled": lambda dim: torch.compile(EagerRMSNorm(dim)),
+    "rmsnorm_compiled": lambda dim: torch.compile(RMSNormWith(dim, "eager")),
     "model.RMSNorm": lambda dim: RMSNorm(dim, EPS),
     "copy": lambda dim: Copy(),
 }
@@ -167,6 +162,16 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def print_model_paths(rows: list[dict], device: str) -> None:
+    """Which implementation model.RMSNorm runs here, per dtype, and its forward+backward time against LayerNorm's."""
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        line = f"model.RMSNorm on {device} {dtype}: {implementation_for(device, DTYPES[dtype])}"
+        model = next((r for r in rows if r["dtype"] == dtype and r["op"] == "model.RMSNorm"), None)
+        if model and model["fwd_bwd_vs_layernorm"] is not None:
+            line += f", forward+backward {model['fwd_bwd_vs_layernorm']:.2f}x LayerNorm's time"
+        print(line)
+
+
 def main() -> None:
     p = ArgumentParser(description=__doc__)
     p.add_argument(
@@ -181,9 +186,14 @@ def main() -> None:
     p.add_argument(
         "--device", default="auto", help="auto (cuda when available), cpu or cuda"
     )
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: torch's own count); 1 is steadier on a machine shared with other work")
     p.add_argument("--json", type=Path, help="also write the config and every row to this JSON file")
     args = p.parse_args()
 
+    require_positive(args, ("tokens", "hidden", "iters", "threads"))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.device = pick_device(args.device).type
     dtypes, ops = args.dtypes.split(","), args.ops.split(",")
     for given, allowed in ((dtypes, DTYPES), (ops, OPS)):
@@ -192,7 +202,9 @@ def main() -> None:
 
     torch.manual_seed(0)
     device_name = (
-        torch.cuda.get_device_name() if args.device == "cuda" else f"cpu, {torch.get_num_threads()} threads"
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"cpu ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads"
     )
     print(
         f"torch {torch.__version__} | {device_name} | x: {args.tokens} x {args.hidden} | iters {args.iters}"
@@ -211,6 +223,7 @@ def main() -> None:
     add_ratios(rows)
 
     print_table(rows)
+    print_model_paths(rows, args.device)
     for r in rows:
         if r["op"] == "rmsnorm_compiled":
             print(
@@ -221,6 +234,7 @@ def main() -> None:
         config = {k: v for k, v in vars(args).items() if k != "json"} | {
             "torch": torch.__version__,
             "device_name": device_name,
+            "model_paths": {d: implementation_for(args.device, DTYPES[d]) for d in dtypes},
         }
         args.json.write_text(json.dumps({"config": config, "results": rows}, indent=2) + "\n")
         print(f"wrote {args.json}")

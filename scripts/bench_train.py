@@ -1,14 +1,19 @@
-"""Training throughput of MiniMind vs transformers' LlamaForCausalLM of identical shape, in one process.
+"""Training throughput of MiniMind vs transformers' LlamaForCausalLM of identical shape, eager and compiled.
 
-    python scripts/bench_train.py                      # MiniMind2-small shape (25.8M), fp32, CPU
+    python scripts/bench_train.py                      # MiniMind2-small shape (25.8M), fp32, CPU, eager + compiled
     python scripts/bench_train.py --device cuda --dtype bfloat16 --batch_size 32 --seq_len 512
+    python scripts/bench_train.py --modes eager        # skip torch.compile (minutes of compiling on a small CPU)
 
-One step = forward + backward + AdamW step, on the same random batch for both models, whose weights are
-identical (the MiniMind state dict is loaded into the Llama). Rounds alternate between the two models so that
-a noisy machine slows both alike; the reported figure per model is its median round, and the ratio
-MiniMind / Llama is computed from those medians (> 1 means MiniMind is faster).
+One step = forward + backward + AdamW step (the trainer's fused AdamW), on the same random batch for every row;
+the two models hold identical weights (the MiniMind state dict is loaded into the Llama), and each mode gets
+its own copies. "compiled" wraps the model in torch.compile, as the trainer's --compile does. The first step of
+each row is timed apart: for a compiled row it includes the compilation, reported as compile s (first step
+minus a steady one). Rounds then alternate over all rows so that a noisy machine slows them alike; each row's
+figure is its median round, and the ratio MiniMind / Llama per mode comes from those medians (> 1: MiniMind is
+faster). MFU is printed where the device's peak is known (trainer/diagnostics.py: bf16/fp16 on known GPUs).
 """
 
+import copy
 import statistics
 import sys
 import time
@@ -21,10 +26,13 @@ from tqdm import tqdm
 from transformers import LlamaForCausalLM
 
 from model import MiniMindConfig, MiniMindForCausalLM
-from model.llama_export import llama_config
-from trainer.cli import ArgumentParser, require_positive, run_cli
+from model.hf_export import hf_config
+from trainer.cli import ArgumentParser, UserError, require_positive, run_cli
 from trainer.device import autocast, pick_device, resolve_dtype
+from trainer.diagnostics import flops_per_token, peak_flops
 from trainer.optim import build_optimizer
+
+MODES = ("eager", "compiled")
 
 
 def sync(device: torch.device) -> None:
@@ -58,44 +66,60 @@ def main() -> None:
     p.add_argument("--batch_size", type=int, default=4, help="sequences per step")
     p.add_argument("--seq_len", type=int, default=256, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=3, help="training steps per timed round")
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds per model (alternating)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds per row (alternating)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype")
-    p.add_argument("--compile", action="store_true", help="torch.compile both models")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
     args = p.parse_args()
     require_positive(args, ("hidden_size", "num_hidden_layers", "batch_size", "seq_len", "steps", "rounds"))
+    modes = args.modes.split(",")
+    if unknown := set(modes) - set(MODES):
+        raise UserError(f"--modes: unknown {sorted(unknown)}; allowed: {list(MODES)}")
     device = pick_device(args.device)
-    mixed_precision = autocast(device, resolve_dtype(args.dtype, device))
+    dtype = resolve_dtype(args.dtype, device)
+    mixed_precision = autocast(device, dtype)
 
     torch.manual_seed(0)
     config = MiniMindConfig(hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers)
     minimind = MiniMindForCausalLM(config).to(device).train()
-    llama = LlamaForCausalLM(llama_config(config)).to(device).train()
+    llama = LlamaForCausalLM(hf_config(config, "llama")).to(device).train()
     llama.load_state_dict(minimind.state_dict())
     window = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len + 1), device=device)
     x, y = window[:, :-1], window[:, 1:]
 
-    steps = {}
-    for name, model in (("minimind", minimind), ("llama", llama)):
-        opt = build_optimizer(model, lr=1e-4, weight_decay=0.1)  # the trainer's optimizer, for both
-        steps[name] = make_step(torch.compile(model) if args.compile else model, opt, x, y, mixed_precision,
-                                name == "minimind")
-        steps[name]()  # warm-up: allocations, optimizer state, compilation
-    times = {name: [] for name in steps}
+    rows = {}  # (model, mode) -> {"step": callable, "first_s": seconds of its first step}
+    for mode in modes:
+        for name, base in (("minimind", minimind), ("llama", llama)):
+            model = copy.deepcopy(base)
+            opt = build_optimizer(model, lr=1e-4, weight_decay=0.1)  # the trainer's optimizer, for every row
+            step = make_step(torch.compile(model) if mode == "compiled" else model, opt, x, y, mixed_precision,
+                             name == "minimind")
+            print(f"first step: {name} {mode}", file=sys.stderr, flush=True)
+            rows[name, mode] = {"step": step, "first_s": time_round(step, 1, device)}
+    times = {key: [] for key in rows}
     for _ in tqdm(range(args.rounds), desc="rounds"):
-        for name, step in steps.items():
-            times[name].append(time_round(step, args.steps, device))
+        for key, row in rows.items():
+            times[key].append(time_round(row["step"], args.steps, device))
 
-    tokens = args.batch_size * args.seq_len * args.steps
+    tokens = args.batch_size * args.seq_len
     n_params = sum(p.numel() for p in minimind.parameters())
-    print(f"\n{n_params / 1e6:.2f}M params, batch {args.batch_size}x{args.seq_len}, {args.dtype}, {device}, "
+    peak = peak_flops(device, dtype)
+    step_flops = flops_per_token(n_params, config.num_hidden_layers, config.hidden_size, args.seq_len) * tokens
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"\n{n_params / 1e6:.2f}M params, batch {args.batch_size}x{args.seq_len}, {args.dtype}, {device_name}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'model':<10}{'tokens/s':>12}{'s/step':>10}")
+    print(f"{'model':<10}{'mode':<10}{'tokens/s':>12}{'s/step':>10}{'compile s':>11}{'MFU':>8}")
     rate = {}
-    for name, rounds in times.items():
-        rate[name] = tokens / statistics.median(rounds)
-        print(f"{name:<10}{rate[name]:>12.0f}{statistics.median(rounds) / args.steps:>10.3f}")
-    print(f"ratio minimind/llama: {rate['minimind'] / rate['llama']:.3f}")
+    for (name, mode), row in rows.items():
+        s_per_step = statistics.median(times[name, mode]) / args.steps
+        rate[name, mode] = tokens / s_per_step
+        compile_s = f"{row['first_s'] - s_per_step:.1f}" if mode == "compiled" else "-"
+        mfu = f"{step_flops / s_per_step / peak:.1%}" if peak else "-"
+        print(f"{name:<10}{mode:<10}{rate[name, mode]:>12.0f}{s_per_step:>10.3f}{compile_s:>11}{mfu:>8}")
+    for mode in modes:
+        print(f"ratio minimind/llama {mode}: {rate['minimind', mode] / rate['llama', mode]:.3f}")
+    if "compiled" in modes and "eager" in modes:
+        print(f"compiled/eager minimind: {rate['minimind', 'compiled'] / rate['minimind', 'eager']:.3f}")
 
 
 if __name__ == "__main__":

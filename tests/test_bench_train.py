@@ -3,20 +3,51 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_train.py"
+TINY = ["--hidden_size", "32", "--num_hidden_layers", "1", "--batch_size", "1", "--seq_len", "16", "--steps", "1",
+        "--rounds", "2"]
+ROW = re.compile(r"^(minimind|llama)\s+(eager|compiled)\s+(\d+)\s+([\d.]+)\s+(\S+)\s+(\S+)$", re.M)
 
 
-def test_bench_train_reports_both_models_and_their_ratio():
-    result = subprocess.run([sys.executable, str(SCRIPT), "--hidden_size", "32", "--num_hidden_layers", "1",
-                             "--batch_size", "1", "--seq_len", "16", "--steps", "1", "--rounds", "2"],
-                            capture_output=True, text=True, timeout=300)
+def bench(*flags: str) -> str:
+    result = subprocess.run([sys.executable, str(SCRIPT), *TINY, *flags], capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    rates = dict(re.findall(r"^(minimind|llama)\s+(\d+)\s", result.stdout, re.M))
-    assert set(rates) == {"minimind", "llama"} and all(int(v) > 0 for v in rates.values())
-    ratio = float(re.search(r"ratio minimind/llama: ([\d.]+)", result.stdout).group(1))
-    assert abs(ratio - int(rates["minimind"]) / int(rates["llama"])) < 0.01
+    return result.stdout
 
 
-def test_bench_train_rejects_zero_rounds():
-    result = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "0"], capture_output=True, text=True)
-    assert result.returncode == 2 and result.stderr.strip() == "error: --rounds must be a positive integer, got 0"
+def check_rows(out: str, modes: list[str]) -> None:
+    rows = {(m[0], m[1]): m for m in ROW.findall(out)}
+    assert set(rows) == {(name, mode) for name in ("minimind", "llama") for mode in modes}
+    for mode in modes:
+        rates = {name: int(rows[name, mode][2]) for name in ("minimind", "llama")}
+        assert all(v > 0 for v in rates.values())
+        ratio = float(re.search(rf"ratio minimind/llama {mode}: ([\d.]+)", out).group(1))
+        assert ratio == pytest.approx(rates["minimind"] / rates["llama"], rel=0.03)  # rates are printed rounded
+    for (_, mode), row in rows.items():
+        assert row[5] == "-"  # no MFU on a CPU
+        assert (row[4] == "-") == (mode == "eager")
+
+
+def test_bench_train_eager_rows_and_their_ratio():
+    check_rows(bench("--modes", "eager"), ["eager"])
+
+
+@pytest.mark.slow
+def test_bench_train_compiled_rows_report_compile_time():
+    out = bench()
+    check_rows(out, ["eager", "compiled"])
+    compile_s = [float(m[4]) for m in ROW.findall(out) if m[1] == "compiled"]
+    assert all(s > 0 for s in compile_s)
+    assert re.search(r"^compiled/eager minimind: [\d.]+$", out, re.M)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--rounds", "0"], "error: --rounds must be a positive integer, got 0"),
+    (["--modes", "eager,jit"], "error: --modes: unknown ['jit']; allowed: ['eager', 'compiled']"),
+])
+def test_bench_train_rejects_bad_flags(flags, message):
+    result = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.strip() == message

@@ -158,24 +158,24 @@ def test_compare_uses_one_seed_and_prints_every_checkpoint(run_dir, post_dir, ti
     assert len(blocks) == len(prompts)
     for i, block in enumerate(blocks):
         assert block.startswith(f"{i + 1} ===\n{prompts[i]}\n")
-        assert f"--- rms-pre (rmsnorm, pre-norm) ---\n{expected_greedy['rms-pre'][i]}\n" in block
-        assert f"--- ln-post (layernorm, post-norm) ---\n{expected_greedy['ln-post'][i]}\n" in block
+        assert f"--- rms-pre (pre-rmsnorm) ---\n{expected_greedy['rms-pre'][i]}\n" in block
+        assert f"--- ln-post (post-layernorm) ---\n{expected_greedy['ln-post'][i]}\n" in block
     header, trained, untrained = (line.split() for line in out.strip().splitlines()[-3:])
-    assert header == ["checkpoint", "norm", "position", "loss", "ppl", "bpb"]
-    assert trained[:3] == ["rms-pre", "rmsnorm", "pre"] and untrained[:3] == ["ln-post", "layernorm", "post"]
+    assert header == ["checkpoint", "variant", "loss", "ppl", "bpb"]
+    assert trained[:2] == ["rms-pre", "pre-rmsnorm"] and untrained[:2] == ["ln-post", "post-layernorm"]
     # The trained checkpoint predicts the held-out text better than the untrained one.
-    assert float(trained[3]) < float(untrained[3])
+    assert float(trained[2]) < float(untrained[2])
 
 
 def test_llama_export_loads_and_generates(run_dir, tmp_path):
-    spec = importlib.util.spec_from_file_location("convert_to_llama", REPO / "scripts" / "convert_to_llama.py")
-    convert_to_llama = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(convert_to_llama)
-    convert_to_llama.convert(run_dir / "checkpoint", tmp_path / "llama")
+    spec = importlib.util.spec_from_file_location("convert_to_hf", REPO / "scripts" / "convert_to_hf.py")
+    convert_to_hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(convert_to_hf)
+    assert convert_to_hf.convert(run_dir / "checkpoint", tmp_path / "llama") == "LlamaForCausalLM"
 
     llama, tokenizer = load(tmp_path / "llama")
     assert isinstance(llama, LlamaForCausalLM)
-    assert eval_llm.norm_variant(llama.config) == ("rmsnorm", "pre")
+    assert eval_llm.variant_of(llama.config) == "pre-rmsnorm"
     minimind, _ = load(run_dir)
     text = generate_text(llama, tokenizer, PROMPT, GREEDY)
     assert text and text == generate_text(minimind, tokenizer, PROMPT, GREEDY)

@@ -124,8 +124,8 @@ def test_a_crashed_trainers_lock_is_stale(tmp_path, run):
 
 def test_a_failed_run_releases_its_lock_and_leaves_no_directory(tmp_path, run):
     out = tmp_path / "new" / "run"
-    with pytest.raises(UserError, match="float16"):
-        run(out, "--dtype", "float16", "--device", "cpu")
+    with pytest.raises(UserError, match="--batch_size"):  # refused after the directory was claimed
+        run(out, "--batch_size", 100000)
     assert not out.exists()
 
 

@@ -146,7 +146,7 @@ def test_metrics_file_and_offline_wandb_run(tmp_path, env, tiny_args):
 
 @pytest.mark.parametrize("flags,needle", [
     (["--max_steps", "-5"], "--max_steps"),
-    (["--norm", "batchnorm"], "--norm"),
+    (["--norm", "groupnorm"], "--norm"),
     (["--batch_size", "0"], "--batch_size"),
     (["--num_attention_heads", "3"], "--num_attention_heads"),
 ])
@@ -198,7 +198,7 @@ def test_ddp_two_processes_gloo(tmp_path, env, tiny_args):
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     r0, r1 = (torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in (0, 1))
-    assert len(r0["seen"]) == len(r1["seen"]) == 8  # 4 steps x 2 micro-batches
+    assert len(r0["seen"]) == len(r1["seen"]) == 9  # 4 steps x 2 micro-batches, and the next one drawn ahead
     assert all(a != b for a, b in zip(r0["seen"], r1["seen"], strict=True))  # different data per rank
     assert all(torch.equal(r0["state"][k], r1["state"][k]) for k in r0["state"])  # identical weights
     assert (tmp_path / "run" / "checkpoint" / "model.safetensors").is_file()

@@ -4,7 +4,7 @@ import argparse
 import os
 from pathlib import Path
 
-from model import NORM_POSITIONS, NORM_TYPES
+from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS
 from trainer.checkpoint import find_checkpoints
 from trainer.cli import ArgumentParser, UserError, require_positive
 
@@ -34,9 +34,35 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--num_hidden_layers", type=int, default=8, help="number of transformer blocks")
     model.add_argument("--num_attention_heads", type=int, default=8, help="query heads")
     model.add_argument("--num_key_value_heads", type=int, default=2, help="key/value heads (grouped-query attention)")
-    model.add_argument("--norm", default="rmsnorm", choices=sorted(NORM_TYPES), help="normalization layer")
+    model.add_argument("--norm", default="rmsnorm", choices=sorted(NORM_TYPES),
+                       help="normalization layer, used in every norm slot of the placement. batchnorm is a "
+                            "demonstration, not a candidate: its statistics pool every position of the batch, so "
+                            "in training each token is normalized with statistics of later tokens (it leaks the "
+                            "future a causal LM must not see) and of the other sequences in the batch")
     model.add_argument("--norm_position", default="pre", choices=NORM_POSITIONS,
-                       help="pre: x + F(Norm(x)) with a final norm; post: Norm(x + F(x))")
+                       help="where the norms sit in each block. pre: x + F(N(x)), final norm (Llama); post: "
+                            "N(x + F(x)) (2017 Transformer); peri: x + N(F(N(x))), final norm (Peri-LN, Gemma 2 "
+                            "sandwich); reorder: x + N(F(x)), final norm (OLMo 2); deepnorm: N(a*x + F(x)) with "
+                            "a = (2L)^(1/4) and init scaled by (8L)^(-1/4) (DeepNet); mix: the first "
+                            "--mix_ln_fraction of the blocks post, the rest pre, final norm (Mix-LN)")
+    model.add_argument("--mix_ln_fraction", type=float, default=0.25,
+                       help="with --norm_position mix: share of the blocks, counted from the input, that are "
+                            "Post-Norm (floor(fraction * layers) of them)")
+    model.add_argument("--norm_scaling", default="none", choices=NORM_SCALINGS,
+                       help="depth: multiply the input norms of block l (l = 1..L) by 1/sqrt(l) (LayerNorm "
+                            "Scaling, 'The Curse of Depth'); only with --norm_position pre or mix")
+    model.add_argument("--qk_norm", default="none", choices=QK_NORMS,
+                       help="normalize queries and keys before RoPE with --norm's statistics. head: over each "
+                            "head's dimensions (Qwen3, Gemma 3); proj: over the whole q and k projections, "
+                            "across heads (OLMo 2)")
+    model.add_argument("--dyt_alpha_init", type=float, default=0.5,
+                       help="with --norm dyt: initial alpha of tanh(alpha * x) in every norm not set below, "
+                            "QK-norms included (0.5 is the DyT paper's default for non-LLM models)")
+    for slot, where in (("attn", "the attention sublayer's norms (before it, in pre)"),
+                        ("mlp", "the MLP sublayer's norms (before it, in pre)"), ("final", "the final norm")):
+        model.add_argument(f"--dyt_alpha_init_{slot}", type=float, default=None,
+                           help=f"with --norm dyt: initial alpha of {where} (default: --dyt_alpha_init). The "
+                                "paper's LLaMA 7B recipe is attn 0.8, mlp 0.2, final 0.2; none exists for this size")
 
     opt = p.add_argument_group("optimization")
     opt.add_argument("--max_steps", type=int, default=400, help="optimizer steps")
@@ -56,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out_dir", default="out/pretrain", help="checkpoints and metrics go here")
     run.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
     run.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                     help="autocast dtype; auto = bfloat16 on CUDA, float32 on CPU (bf16 on a CPU without "
-                          "bf16 hardware trains ~40x slower)")
+                     help="autocast dtype; auto = bfloat16 on GPUs with native bf16, else float16 (with a "
+                          "GradScaler); float32 on CPU (bf16 on a CPU without bf16 hardware trains ~40x slower)")
     run.add_argument("--compile", action="store_true", help="torch.compile the model")
     run.add_argument("--seed", type=int, default=0, help="seed for initialization and batch sampling")
     run.add_argument("--log_interval", type=int, default=10, help="steps between logged metrics")
@@ -72,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how many of the newest checkpoints to keep (earlier ones are what --resume falls back "
                           "to when the newest is damaged)")
     run.add_argument("--num_proc", type=int, default=None, help="processes for tokenizing the corpus")
+    run.add_argument("--dist_timeout", type=float, default=30,
+                     help="minutes a process waits for the others under torchrun (a collective, or local rank 0 "
+                          "tokenizing the corpus on first use) before the job fails instead of hanging")
 
     log = p.add_argument_group("wandb")
     log.add_argument("--use_wandb", action="store_true",
@@ -94,6 +123,8 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     for name in NON_NEGATIVE:
         if getattr(args, name) < 0:
             raise UserError(f"--{name} must be >= 0, got {getattr(args, name)}")
+    if not args.dist_timeout > 0:
+        raise UserError(f"--dist_timeout must be > 0 minutes, got {args.dist_timeout}")
     if not args.learning_rate > 0:
         raise UserError(f"--learning_rate must be > 0, got {args.learning_rate}")
     out = Path(args.out_dir)

@@ -21,14 +21,13 @@ def pick_device(name: str = "auto") -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto = bf16 on CUDA (fp16 where the GPU lacks bf16), fp32 on CPU: bf16 autocast on a CPU without bf16
-    matmul units trains ~40x slower (measured: 16 vs 613 tokens/s on a 2-core AVX2 machine)."""
+    """auto = bf16 on a GPU that computes it natively (Ampere and later), else fp16 (the trainer adds a
+    GradScaler; bf16 emulated in fp32 would be slower than fp16); fp32 on CPU: bf16 autocast on a CPU without
+    bf16 matmul units trains ~40x slower (measured: 16 vs 613 tokens/s on a 2-core AVX2 machine)."""
     if name == "auto":
         if device.type != "cuda":
             return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if name == "float16" and device.type != "cuda":
-        raise UserError("--dtype float16 needs CUDA (it relies on a GradScaler); use float32 or bfloat16 on CPU")
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     return getattr(torch, name)
 
 
@@ -41,3 +40,37 @@ def cpu_has_bf16_matmul() -> bool:
     """Intel AMX tiles: the CPU feature that makes bf16 autocast faster than fp32 (1.9x for the 26M model on
     such a machine, scripts/bench_train.py) rather than far slower, as on CPUs without bf16 units."""
     return getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+
+
+class Prefetcher:
+    """A sampler's batches, already on the device, with the next one drawn and sent while the current one trains.
+
+    On CUDA each batch is pinned first: a copy from pageable memory makes the host wait for it, one from pinned
+    memory is queued like a kernel, so the host keeps running ahead of the GPU. state_dict() is the sampler's
+    state before the batch held ahead, so a checkpoint resumes with the batch this iterator would return next.
+    """
+
+    def __init__(self, sampler, device: torch.device):
+        self.sampler, self.device = sampler, device
+        self.ahead = None  # (sampler state before it, the batch on the device)
+
+    def _draw(self) -> tuple[dict, tuple[torch.Tensor, ...]]:
+        state = self.sampler.state_dict()
+        pin = self.device.type == "cuda"
+        batch = tuple((t.pin_memory() if pin else t).to(self.device, non_blocking=True) for t in next(self.sampler))
+        return state, batch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, ...]:
+        _, batch = self.ahead or self._draw()
+        self.ahead = self._draw()
+        return batch
+
+    def state_dict(self) -> dict:
+        return self.ahead[0] if self.ahead else self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+        self.ahead = None

@@ -1,6 +1,8 @@
 """What the normalization study measures inside the real model, and how fast it trains."""
 
+import math
 import re
+from contextlib import nullcontext
 
 import torch
 from torch import nn
@@ -9,9 +11,87 @@ from torch import nn
 PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
 
 
-def residual_rms(hidden_states: tuple[torch.Tensor, ...], num_layers: int) -> list[float]:
-    """RMS of the residual stream entering each block (hidden_states[i] is block i's input)."""
-    return [h.detach().float().pow(2).mean().sqrt().item() for h in hidden_states[:num_layers]]
+def rms(x: torch.Tensor) -> torch.Tensor:
+    """Root mean square over every element: the size of the residual stream."""
+    return x.float().pow(2).mean().sqrt()
+
+
+def block_cosine(x_in: torch.Tensor, x_out: torch.Tensor) -> torch.Tensor:
+    """Cosine between each token's residual stream entering and leaving a block, averaged over tokens.
+
+    Near 1 means the block barely turns the stream (the identity-like deep blocks of Pre-Norm's "curse of depth";
+    the papers plot arccos of it / pi as angular distance). Scale-free, so a block that only rescales scores 1.
+    """
+    return torch.nn.functional.cosine_similarity(x_in.float(), x_out.float(), dim=-1).mean()
+
+
+def massive_activation_ratio(x: torch.Tensor) -> torch.Tensor:
+    """max|x| / median|x| over every element (Sun et al. 2024): a few features thousands of times larger than the
+    typical one act as fixed biases and attention sinks. Gaussian noise scores about 7 to 8 at these sizes."""
+    magnitude = x.detach().float().abs().flatten()
+    return magnitude.max() / magnitude.median()
+
+
+def max_attention_logit(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Largest pre-softmax logit q.k / sqrt(head_dim) over causal pairs (key position <= query position), every
+    head and sequence: the quantity that grows without bound in unstable runs and that QK-norm caps.
+
+    q is [batch, heads, seq, head_dim] and k [batch, kv_heads, seq, head_dim]; query head h reads key head
+    h // (heads / kv_heads), as scaled_dot_product_attention does with enable_gqa.
+    """
+    batch, heads, seq, head_dim = q.shape
+    k = k.float().repeat_interleave(heads // k.shape[1], dim=1)
+    future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+    # A few sequences at a time, about 2^24 logits per chunk: all of them at once may not fit in memory.
+    chunk = max(1, 2**24 // (heads * seq * seq))
+    best = [(qc.float() @ kc.transpose(-1, -2)).masked_fill_(future, -math.inf).amax()
+            for qc, kc in zip(q.split(chunk), k.split(chunk), strict=True)]
+    return torch.stack(best).amax() / math.sqrt(head_dim)
+
+
+@torch.no_grad()
+def layer_stats(model: nn.Module, input_ids: torch.Tensor, precision=None) -> dict[str, list[float]]:
+    """Per block, from one extra forward of `model` (the uncompiled MiniMindForCausalLM) on input_ids, without
+    gradients: the residual stream entering the block (its RMS, and max|x|/median|x|), the cosine between the
+    stream entering and leaving it, and the largest causal attention logit of its attention.
+
+    Hooks on each block and on its attention read the block's input and output and the attention's input (after
+    whatever norm the placement puts there) while the forward runs; the attention input is projected again with
+    Attention.project_qk, the exact q and k attention uses. The trainer calls this at log steps only, outside
+    the timed region, on the raw model: a torch.compile'd training model never sees a hook or a changed flag, so
+    it is neither retraced nor slowed on the other steps. The forward runs in eval mode, so a batchnorm model's
+    running statistics are left as training left them (for every other norm type the two modes agree).
+    """
+    layers = model.model.layers
+    found: dict[str, list] = {key: [None] * len(layers) for key in
+                              ("residual_rms", "block_cosine", "max_attn_logit", "massive_activation")}
+
+    def watch_block(i):
+        def hook(block, args, output):
+            found["residual_rms"][i] = rms(args[0])
+            found["massive_activation"][i] = massive_activation_ratio(args[0])
+            found["block_cosine"][i] = block_cosine(args[0], output)
+        return hook
+
+    def watch_attention(i):
+        def hook(attention, args):  # blocks call self_attn(h, rope, mask, past_key_values)
+            found["max_attn_logit"][i] = max_attention_logit(*attention.project_qk(args[0], args[1]))
+        return hook
+
+    handles = [h for i, layer in enumerate(layers) for h in (
+        layer.register_forward_hook(watch_block(i)), layer.self_attn.register_forward_pre_hook(watch_attention(i)))]
+    was_training = model.training
+    model.eval()
+    try:
+        with precision or nullcontext():
+            model.model(input_ids=input_ids)
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    # One transfer for everything, not one per number.
+    values = torch.stack([torch.stack(v) for v in found.values()]).tolist()
+    return dict(zip(found, values, strict=True))
 
 
 def block_grad_norms(layers: nn.ModuleList) -> list[float]:

@@ -1,6 +1,7 @@
 """Held-out evaluation, shared by the trainer (periodic validation) and eval_llm.py (a checkpoint's metrics)."""
 
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from data import BatchSampler
@@ -8,22 +9,30 @@ from data import BatchSampler
 
 @torch.no_grad()
 def evaluate(model, tokens, batch_size: int, seq_len: int, steps: int | None, device, autocast,
-             progress: bool = False) -> float:
+             progress: bool = False, rank: int = 0, world_size: int = 1) -> float:
     """Mean loss per token over consecutive non-overlapping held-out windows: the same text every time.
 
     steps batches from the start of the split (wrapping around if it is shorter), or with steps=None every
     window exactly once, the last batch holding the remainder. Batches are weighted by their windows, so a
     short last batch counts only as much as the text it covers. The model's train/eval mode is restored.
+
+    With world_size > 1 (a process group initialized), call it on every rank: rank r takes windows r,
+    r + world_size, ... of that same set, and the sum is all-reduced, so every rank returns the loss one process
+    would (up to float rounding), in 1/world_size of the time.
     """
     was_training = model.training
     model.eval()
-    sampler = BatchSampler(tokens, batch_size, seq_len, sequential=True)
+    sampler = BatchSampler(tokens, batch_size, seq_len, rank=rank, world_size=world_size, sequential=True)
     windows = sampler.num_windows if steps is None else steps * batch_size
-    total = 0.0
-    for start in tqdm(range(0, windows, batch_size), desc="eval", unit="batch", disable=not progress):
-        rows = min(batch_size, windows - start)
+    mine = len(range(rank, windows, world_size))
+    # Summed on the device and read once at the end, not once per batch.
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for start in tqdm(range(0, mine, batch_size), desc="eval", unit="batch", disable=not progress):
+        rows = min(batch_size, mine - start)
         x, y = (t[:rows].to(device) for t in next(sampler))
         with autocast:
-            total += model(input_ids=x, shift_labels=y).loss.item() * rows
+            total += model(input_ids=x, shift_labels=y).loss.double() * rows
+    if world_size > 1:
+        dist.all_reduce(total)
     model.train(was_training)
-    return total / windows
+    return total.item() / windows

@@ -29,3 +29,14 @@ def lr_at(step: int, max_steps: int, lr: float, min_lr: float, warmup_steps: int
         return lr * (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def step_unless(optimizer: torch.optim.AdamW, skip: torch.Tensor) -> None:
+    """optimizer.step(), made a no-op on the device where skip (a 0-d bool tensor) is true: no host read.
+
+    The fused AdamW kernel takes a found_inf flag, the GradScaler's way of skipping an overflowed step; with it
+    set the kernel leaves weights, moments and step count untouched.
+    """
+    optimizer.found_inf = skip.float()
+    optimizer.step()
+    del optimizer.found_inf

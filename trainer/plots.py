@@ -1,4 +1,5 @@
-"""Figures from metrics.jsonl records: per-layer profiles (trainer and study) and loss curves (study)."""
+"""Figures: per-layer profiles (trainer and study), loss curves, stability grids and depth (study), signal
+propagation at initialization (scripts/signal_propagation.py)."""
 
 from pathlib import Path
 
@@ -7,21 +8,33 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+# Per-layer statistics the trainer logs (trainer/diagnostics.py): record key, panel title, y scale.
+LAYER_PANELS = (
+    ("residual_rms", "residual stream RMS entering block", "log"),
+    ("layer_grad_norm", "gradient norm of block parameters", "log"),
+    ("block_cosine", "cosine(block input, block output)", "linear"),
+    ("max_attn_logit", "largest attention logit q.k/sqrt(d)", "linear"),
+    ("massive_activation", "max|x| / median|x| entering block", "log"),
+)
 
 
 def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
-    """Residual-stream RMS entering each block, and each block's gradient norm, at the last logged step."""
-    fig, (ax_rms, ax_grad) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, records in runs.items():
-        last = [r for r in records if r["split"] == "train"][-1]
-        layers = np.arange(len(last["residual_rms"]))
-        ax_rms.plot(layers, last["residual_rms"], marker="o", label=name)
-        ax_grad.plot(layers, last["layer_grad_norm"], marker="o", label=name)
-    ax_rms.set(title="residual stream RMS entering block", xlabel="block", yscale="log")
-    ax_grad.set(title="gradient norm of block parameters", xlabel="block", yscale="log")
-    ax_rms.legend(fontsize=8)
-    for ax in (ax_rms, ax_grad):
+    """Each per-layer statistic against block index at the last logged step, one line per run (a statistic a
+    run did not log, for example one written before it existed, is left out of that run's panel)."""
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+    for ax, (key, title, scale) in zip(axes.flat, LAYER_PANELS, strict=False):
+        for name, records in runs.items():
+            last = [r for r in records if r["split"] == "train"][-1]
+            if last.get(key) is not None:
+                ax.plot(np.arange(len(last[key])), last[key], marker="o", label=name)
+        ax.set(title=title, xlabel="block", yscale=scale)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
+    legend = axes.flat[-1]  # the sixth cell holds the legend
+    legend.axis("off")
+    legend.legend(*axes.flat[0].get_legend_handles_labels(), loc="center", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -68,5 +81,85 @@ def plot_grid(values: np.ndarray, rows: list, cols: list, path: Path, title: str
                     color="red" if np.isnan(values[i, j]) else "white", fontsize=9)
     ax.set(xticks=range(len(cols)), xticklabels=cols, yticks=range(len(rows)), yticklabels=rows, title=title)
     fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigram: float | None = None) -> None:
+    """Final validation loss against depth: per line (a variant), the mean over seeds with min..max bars.
+
+    Each point's runs are summaries with val_loss, diverged and plateaued. A depth where some seed diverged gets
+    an x at the top edge (its loss is left out of the mean; a depth where all diverged has only the x); one
+    where some seed plateaued gets a ring around its mean. unigram draws the loss of a context-free model.
+    """
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    top = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    depths = sorted({depth for points in lines.values() for depth, _ in points})
+    for index, (name, points) in enumerate(lines.items()):
+        points = sorted(points, key=lambda p: p[0])
+        finite = [(d, [r["val_loss"] for r in runs if not r["diverged"] and r["val_loss"] is not None], runs)
+                  for d, runs in points]
+        kept = [(d, np.array(v), runs) for d, v, runs in finite if v]
+        x = [d for d, _, _ in kept]
+        mean = np.array([v.mean() for _, v, _ in kept])
+        low, high = np.array([v.min() for _, v, _ in kept]), np.array([v.max() for _, v, _ in kept])
+        bars = ax.errorbar(x, mean, yerr=[mean - low, high - mean], marker="o", capsize=3, label=name)
+        color = bars.lines[0].get_color()
+        for (d, _, runs), m in zip(kept, mean, strict=True):
+            if any(r["plateaued"] for r in runs):
+                ax.plot(d, m, marker="o", ms=15, mfc="none", mew=1.5, color=color)
+        for d, _, runs in finite:
+            if any(r["diverged"] for r in runs):
+                # shifted a little per line, so two lines' marks at one depth stay apart (x is log-scaled)
+                shift = 1.04 ** (index - (len(lines) - 1) / 2)
+                ax.plot(d * shift, 0.98, marker="x", ms=10, mew=2, color=color, transform=top, clip_on=False)
+    if unigram is not None:
+        ax.axhline(unigram, color="gray", ls=":", label=f"unigram model ({unigram:.2f})")
+    ax.plot([], [], "kx", label="x at top: a seed diverged")
+    ax.plot([], [], "ko", mfc="none", ms=12, label="ring: a seed plateaued")
+    ax.set(xscale="log", xlabel="blocks (depth)", ylabel="final validation loss",
+           title="final val loss vs depth (mean, bars = min..max over seeds)")
+    ax.set_xticks(depths, [str(d) for d in depths])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_signal_propagation(results: list[dict], path: Path) -> None:
+    """Per-block statistics at initialization (scripts/signal_propagation.py), one line per variant: against the
+    block index at the largest depth measured (top row) and against depth (bottom row)."""
+    fig, axes = plt.subplots(2, 3, figsize=(17, 8))
+    deep = max(r["depth"] for r in results)
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    for index, variant in enumerate(variants):
+        style = {"label": variant, "ls": ("-", "--", "-.", ":")[index % 4]}  # coinciding lines stay visible
+        runs = sorted((r for r in results if r["variant"] == variant), key=lambda r: r["depth"])
+        deepest = runs[-1] if runs[-1]["depth"] == deep else None
+        if deepest:
+            for ax, key in zip(axes[0], ("residual_rms", "layer_grad_norm", "block_cosine"), strict=True):
+                ax.plot(np.arange(deep), deepest[key], **style)
+        depths = [r["depth"] for r in runs]
+        per_depth = ([r["residual_rms"][-1] for r in runs], [r["layer_grad_norm"][0] for r in runs],
+                     [r["gradient_spread"] for r in runs])
+        for ax, values in zip(axes[1], per_depth, strict=True):
+            ax.plot(depths, values, marker="o", **style)
+    titles = [(f"residual stream RMS entering block (L={deep})", "log"),
+              (f"gradient norm of block parameters (L={deep})", "log"),
+              (f"cosine(block input, block output) (L={deep})", "linear")]
+    for ax, (title, scale) in zip(axes[0], titles, strict=True):
+        ax.set(title=title, xlabel="block", yscale=scale)
+    for ax, title in zip(axes[1], ("residual RMS entering the last block", "gradient norm of the first block",
+                                   "block gradient norm max / min"), strict=True):
+        ax.set(title=title, xlabel="blocks (depth)", xscale="log", yscale="log")
+        ax.set_xticks(sorted({r["depth"] for r in results}), [str(d) for d in sorted({r["depth"] for r in results})])
+        ax.minorticks_off()
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    fig.legend(*axes[1][0].get_legend_handles_labels(), loc="center right", fontsize=9)
+    fig.suptitle("signal propagation at initialization, one forward and backward of the LM loss")
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

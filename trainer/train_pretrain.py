@@ -10,10 +10,12 @@ The loop lives in train(args), which the ablation runner calls too.
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,18 +48,18 @@ from model.model_minimind import NORM_MODULES
 from trainer.args import CPU_HIDDEN_SIZE, GPU_HIDDEN_SIZE, parse_args
 from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from trainer.cli import UserError, run_cli
-from trainer.device import autocast, cpu_has_bf16_matmul, pick_device, resolve_dtype
+from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, pick_device, resolve_dtype
 from trainer.diagnostics import (
     block_grad_norms,
     flops_per_token,
+    layer_stats,
     peak_flops,
     peak_memory_mb,
-    residual_rms,
 )
 from trainer.evaluation import evaluate
 from trainer.fs import write_file_atomically
 from trainer.memory import require_step_fits
-from trainer.optim import build_optimizer, lr_at
+from trainer.optim import build_optimizer, lr_at, step_unless
 from trainer.plots import plot_layer_profiles
 from trainer.run_dir import claim_run_dir, discard_run
 from trainer.tracking import Tracker, read_metrics
@@ -66,8 +68,11 @@ from trainer.tracking import Tracker, read_metrics
 # Process setup
 
 
-def setup_distributed(device_name: str) -> tuple[int, int, torch.device]:
-    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; NCCL on CUDA, gloo on CPU."""
+def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, torch.device]:
+    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; NCCL on CUDA, gloo on CPU.
+
+    A rank that waits on a collective longer than timeout_min minutes (a peer died or hangs) fails the job
+    rather than holding its devices forever."""
     device = pick_device(device_name)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
@@ -76,7 +81,8 @@ def setup_distributed(device_name: str) -> tuple[int, int, torch.device]:
         device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=timeout_min))
     return dist.get_rank(), world_size, device
 
 
@@ -86,7 +92,8 @@ def barrier() -> None:
 
 
 class StopFlag:
-    """SIGTERM / SIGINT ask the loop to save and exit after the current step instead of dying mid-write."""
+    """SIGTERM / SIGINT ask the loop to save and exit after the current step instead of dying mid-write (under
+    DDP after the next step that logs, evaluates or saves, where the ranks agree on it)."""
 
     def __init__(self):
         self.requested = False
@@ -138,13 +145,22 @@ def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
             num_key_value_heads=args.num_key_value_heads,
             norm_type=args.norm,
             norm_position=args.norm_position,
+            mix_ln_fraction=args.mix_ln_fraction,
+            norm_scaling=args.norm_scaling,
+            qk_norm=args.qk_norm,
+            dyt_alpha_init=args.dyt_alpha_init,
+            dyt_alpha_init_attn=args.dyt_alpha_init_attn,
+            dyt_alpha_init_mlp=args.dyt_alpha_init_mlp,
+            dyt_alpha_init_final=args.dyt_alpha_init_final,
             max_position_embeddings=args.max_seq_len,  # the context it is trained for; eval_llm.py respects it
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
         )
-    except ValueError as err:
-        raise UserError(str(err).replace("num_", "--num_").replace("hidden_size", "--hidden_size")) from err
+    except ValueError as err:  # name the flags, not the config fields
+        message = re.sub(r"\b(num_\w+|hidden_size|norm_position|norm_scaling|qk_norm|mix_ln_fraction|dyt_alpha_init\w*)\b",
+                         r"--\1", str(err))
+        raise UserError(re.sub(r"\bnorm_type\b", "--norm", message)) from err
     return config
 
 
@@ -222,7 +238,7 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
 def train(args) -> dict:
     """Run one training job and return its summary: the outcome on every rank, all the numbers on rank 0 (which
     also writes them to out_dir/summary.json). Rank 0 owns out_dir meanwhile (see trainer/run_dir.py)."""
-    rank, world_size, device = setup_distributed(args.device)
+    rank, world_size, device = setup_distributed(args.device, args.dist_timeout)
     interrupts = InterruptGuard()
     try:
         tokenizer = load_tokenizer(args.tokenizer_path)
@@ -258,8 +274,8 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
         require_window(split_data, args)
     fingerprint = data_fingerprint(tokenizer, train_data, val_data)
 
-    sampler = BatchSampler(train_data.tokens, args.batch_size, args.max_seq_len, seed=args.seed, rank=rank,
-                           world_size=world_size)
+    sampler = Prefetcher(BatchSampler(train_data.tokens, args.batch_size, args.max_seq_len, seed=args.seed,
+                                      rank=rank, world_size=world_size), device)
     if args.resume:
         raw_model, state = load_checkpoint(out_dir, repair=master)
         check_resumable(state, raw_model.config, args, fingerprint, world_size)
@@ -314,6 +330,9 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
             if dtype == torch.bfloat16 and not cpu_has_bf16_matmul():
                 print("warning: this CPU has no bf16 matrix units; bf16 autocast trains far slower than float32",
                       file=sys.stderr)
+            elif dtype == torch.float16:
+                print("warning: float16 autocast on a CPU is far slower than float32 (few CPUs have fp16 matrix "
+                      "units); it mainly serves to test the GradScaler path", file=sys.stderr)
             elif args.dtype == "auto" and cpu_has_bf16_matmul():
                 print("note: this CPU has AMX bf16 units; --dtype bfloat16 may train faster than the float32 default",
                       file=sys.stderr)
@@ -335,16 +354,24 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
             }, args.keep_checkpoints)
 
     def run_eval() -> dict:
+        """On every rank, each evaluating its share of the windows; rank 0 logs the all-reduced loss."""
         loss = evaluate(raw_model, val_data.tokens, args.batch_size, args.max_seq_len, args.eval_steps, device,
-                        mixed_precision)
+                        mixed_precision, rank=rank, world_size=world_size)
         record = {"step": step, "split": "val", "loss": loss, "bpb": bits_per_byte(loss, val_bpt),
                   "train_time_s": train_time}
-        tracker.log(record)
+        if master:
+            tracker.log(record)
         return record
 
     stop = StopFlag()
     diverged = stop_requested = False
-    last_val, window_losses, window_tokens, window_start = None, [], 0, train_time
+    last_val, window_steps, window_start = None, 0, train_time
+    # The host reads the device only on steps that log, evaluate or save (or when asked to stop), so in between
+    # it queues work without waiting for the GPU. Until then the loss sums up on the device, and so does the
+    # index of the first step whose loss or gradient was non-finite (inf while there is none): from that step
+    # on every update is skipped on the device, so the weights stay those of the last good step.
+    window_loss = torch.zeros((), device=device)
+    first_bad = torch.full((), math.inf, device=device)
     pbar = tqdm(total=args.max_steps, initial=step, disable=not master, desc="train", dynamic_ncols=True)
     t0 = time.perf_counter()
     try:
@@ -352,60 +379,76 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
             lr = lr_at(step, args.lr_decay_steps or args.max_steps, args.learning_rate, args.min_lr, args.warmup_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            log_now = master and ((step + 1) % args.log_interval == 0 or step + 1 == args.max_steps)
+            done = step + 1
+            # Decided alike on every rank, since all take part in the reductions at these steps.
+            log_now = done % args.log_interval == 0 or done == args.max_steps
+            eval_now = done % args.eval_interval == 0 or done == args.max_steps
+            save_now = done % args.save_interval == 0 or done == args.max_steps
             loss_sum = torch.zeros((), device=device)
             for micro in range(args.accumulation_steps):
-                x, y = (t.to(device, non_blocking=True) for t in next(sampler))
+                x, y = next(sampler)
                 last_micro = micro == args.accumulation_steps - 1
                 # Gradients are all-reduced only on the last micro-step; the others just accumulate locally.
                 sync = nullcontext() if last_micro or world_size == 1 else model.no_sync()
                 with sync, mixed_precision:
-                    out = model(input_ids=x, shift_labels=y, output_hidden_states=log_now and last_micro)
+                    out = model(input_ids=x, shift_labels=y)
                     loss = out.loss / args.accumulation_steps
                 scaler.scale(loss).backward()
                 loss_sum += loss.detach()
-            # One small all-reduce per step: the mean loss for logging and any rank's stop request, so all ranks
-            # agree on when to stop (a rank that stopped alone would hang the others).
-            status = torch.stack([loss_sum.float(), torch.tensor(float(stop.requested), device=device)])
-            if world_size > 1:
-                dist.all_reduce(status)
-            step_loss, stop_requested = status[0].item() / world_size, status[1].item() > 0
             scaler.unscale_(optimizer)
-            layer_grads = block_grad_norms(raw_model.model.layers) if log_now else None  # before clipping
+            layer_grads = block_grad_norms(raw_model.model.layers) if log_now and master else None  # before clipping
             grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip or math.inf)
-            # Stop before a non-finite update reaches the weights (with fp16 the GradScaler skips such steps).
-            if not math.isfinite(step_loss) or not (scaler.is_enabled() or torch.isfinite(grad_norm)):
-                diverged = True
-                break
-            scaler.step(optimizer)
+            # Divergence is a non-finite loss, or a non-finite gradient unless fp16's GradScaler is on: there an
+            # overflowing gradient is routine, the step is skipped and the scale lowered.
+            finite_grads = torch.isfinite(grad_norm)
+            bad = ~torch.isfinite(loss_sum) if scaler.is_enabled() else ~(torch.isfinite(loss_sum) & finite_grads)
+            first_bad = torch.where(bad & first_bad.isinf(), step, first_bad)
+            step_unless(optimizer, first_bad.isfinite() | ~finite_grads)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
+            window_loss += loss_sum
+            window_steps += 1
             step += 1
+            pbar.update(1)
+            if not (log_now or eval_now or save_now or (world_size == 1 and stop.requested)):
+                continue
+
+            # One small all-reduce of each kind, so all ranks agree on when to stop (a rank that stopped alone
+            # would hang the others): the loss and any rank's stop request summed, the first bad step's minimum.
+            summed = torch.stack([window_loss, torch.full((), float(stop.requested), device=device)])
+            earliest_bad = first_bad.clone()
+            if world_size > 1:
+                dist.all_reduce(summed)
+                dist.all_reduce(earliest_bad, op=dist.ReduceOp.MIN)
+            window_mean, stop_requested = summed[0].item() / world_size / window_steps, summed[1].item() > 0
+            earliest_bad = earliest_bad.item()
             now = time.perf_counter()
             train_time += now - t0
             t0 = now
-            window_losses.append(step_loss)
-            window_tokens += tokens_per_step
-            pbar.update(1)
-            pbar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.1e}")
+            if math.isfinite(earliest_bad):
+                diverged, step = True, int(earliest_bad)  # the steps completed before it; the rest were skipped
+                break
 
             if log_now:
-                window_time = max(train_time - window_start, 1e-9)
-                tokens_per_s = window_tokens / window_time
-                record = {
-                    "step": step, "split": "train", "loss": sum(window_losses) / len(window_losses), "lr": lr,
-                    "grad_norm": grad_norm.item(), "tokens_per_s": tokens_per_s,
-                    "mfu": step_flops * len(window_losses) / window_time / peak if peak else None,
-                    "peak_mem_mb": peak_memory_mb(device), "train_time_s": train_time, "tokens": step * tokens_per_step,
-                    "residual_rms": residual_rms(out.hidden_states, cfg.num_hidden_layers),
-                    "layer_grad_norm": layer_grads,
-                }
-                tracker.log(record)
-                pbar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:.0f}")
-                window_losses, window_tokens, window_start = [], 0, train_time
-            if master and (step % args.eval_interval == 0 or step == args.max_steps):
+                if master:
+                    window_time = max(train_time - window_start, 1e-9)
+                    tokens_per_s = window_steps * tokens_per_step / window_time
+                    record = {
+                        "step": step, "split": "train", "loss": window_mean, "lr": lr,
+                        "grad_norm": grad_norm.item(), "tokens_per_s": tokens_per_s,
+                        "mfu": step_flops * window_steps / window_time / peak if peak else None,
+                        "peak_mem_mb": peak_memory_mb(device), "train_time_s": train_time,
+                        "tokens": step * tokens_per_step,
+                        "layer_grad_norm": layer_grads,
+                        # untimed: an extra no-grad forward of the last micro-batch at the updated weights
+                        **layer_stats(raw_model, x, mixed_precision),
+                    }
+                    tracker.log(record)
+                    pbar.set_postfix(loss=f"{window_mean:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:.0f}")
+                window_loss, window_steps, window_start = torch.zeros((), device=device), 0, train_time
+            if eval_now:
                 last_val = run_eval()
-            if step % args.save_interval == 0 or step == args.max_steps or stop_requested:
+            if save_now or stop_requested:
                 save()
             if stop_requested:
                 break

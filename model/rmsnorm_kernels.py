@@ -1,0 +1,118 @@
+"""RMSNorm's arithmetic three ways, with one forward, and which way the model takes on each device and dtype.
+
+Each computes the eager formula's output bit for bit (tests/test_norm_scripts.py checks every dtype):
+
+    xf = x.float(); y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+and differ only in how the backward runs:
+  eager         the formula left to autograd: nine elementwise passes backward
+  F.rms_norm    torch.nn.functional.rms_norm: one fused kernel each way on CUDA; on CPU the formula's ops again
+  hand-written  HandWrittenBackward: four passes backward, and only x and the per-row rstd saved
+
+The choice is measured by scripts/bench_norms.py (it prints the path the model takes and its time against
+nn.LayerNorm); the README's "Norm speed" section has the numbers behind the table below.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def eager(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return y if weight is None else y * weight
+
+
+def functional(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """F.rms_norm with the formula's roundings: it multiplies by the weight before rounding to x's dtype, which
+    is the same only in float32, so otherwise the weight is applied after it. Autocast is off so that its
+    policy for rms_norm cannot upcast x (the formula keeps x's dtype; autocast never touches it)."""
+    fused = weight is not None and x.dtype == weight.dtype == torch.float32
+    with torch.autocast(x.device.type, enabled=False):
+        y = F.rms_norm(x, x.shape[-1:], weight if fused else None, eps)
+    return y if weight is None or fused else y * weight
+
+
+class HandWrittenBackward(torch.autograd.Function):
+    """The eager formula's forward with a hand-written backward.
+
+    At the model's shapes a norm is memory-bound: each elementwise op is one full pass over the activation.
+    Left to autograd, the formula's float32 backward makes nine such passes, and y (for bf16 input also a
+    float32 copy of x) stays saved until it runs. This backward makes four, the last three into one reused
+    buffer, plus two read-only mat-vecs that get both reductions (for dx and dweight) from the one product g*x;
+    only x and the per-row rstd are saved. For bf16/fp16 input the upcasts and the exact weight gradient
+    (which needs y as rounded to x's dtype) cost some of the passes it saves, so it gains less there.
+    Autograd's backward of the formula is slower on CPU than even its pass count says: mean's backward hands on
+    a gradient expanded along the last dimension (stride 0), and the scalar ops on it (/ dim, then pow's * 2)
+    run about 10x slower than a plain pass over a contiguous tensor (measured at 1024 x 512, one thread).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        y = (xf * rstd).to(x.dtype)
+        if weight is not None:
+            # In place unless the product changes dtype (bf16 x times a float32 weight under autocast -> float32).
+            y = y.mul_(weight) if weight.dtype == y.dtype else y * weight
+        ctx.save_for_backward(x, rstd, weight)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        x, rstd, weight = ctx.saved_tensors
+        dim = x.shape[-1]
+        # backward() may be called inside an autocast region, which would run the mat-vecs in bf16/fp16.
+        with torch.autocast(x.device.type, enabled=False):
+            xf, g = x.float(), grad_out.float()
+            # Per row, with gy = g * weight the gradient reaching y = x * rstd:
+            #   dx = rstd * (gy - x * rstd^2 * c / dim),   c = sum_j gy_j x_j = (g * x) @ weight
+            #   dweight = sum over rows of g * y             = (g * x)^T @ rstd   when y was not rounded
+            buf = g * xf
+            rows = buf.reshape(-1, dim)
+            if weight is None:
+                c, dweight = rows.sum(-1), None
+                dx = buf.copy_(g)
+            else:
+                wf = weight.float()
+                c = torch.mv(rows, wf)
+                if x.dtype == torch.float32:
+                    dweight = torch.mv(rows.T, rstd.reshape(-1))
+                else:  # the forward multiplied the weight by y rounded to x.dtype: use that exact y
+                    dweight = (g * (xf * rstd).to(x.dtype)).reshape(-1, dim).sum(0)
+                dweight = dweight.to(weight.dtype)
+                dx = torch.mul(g, wf, out=buf)  # both reductions are done, so buf is free
+            dx.addcmul_(xf, rstd.square().mul_(c.view_as(rstd)).div_(-dim)).mul_(rstd)
+        return dx.to(x.dtype), dweight, None
+
+
+def hand_written(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return HandWrittenBackward.apply(x, weight, eps)
+
+
+IMPLEMENTATIONS = {"eager": eager, "F.rms_norm": functional, "hand-written": hand_written}
+
+# (device type, input dtype) -> the implementation with the fastest forward+backward in scripts/bench_norms.py
+# (README, "Norm speed"). CPU: the hand-written backward beat the eager formula and F.rms_norm (which runs the
+# formula's ops) in every dtype on an AVX-512 EPYC, also with torch restricted to its AVX2 kernels, and on an
+# AMX Xeon; one 2-core AVX2 machine measured it 1.2x slower than eager in bf16. CUDA: F.rms_norm's fused
+# kernels, one pass each way; not yet measured, as no GPU has run this code (`--device cuda` measures it).
+# Anything else runs the eager formula.
+CHOICE = {
+    ("cpu", torch.float32): "hand-written",
+    ("cpu", torch.bfloat16): "hand-written",
+    ("cpu", torch.float16): "hand-written",
+    ("cuda", torch.float32): "F.rms_norm",
+    ("cuda", torch.bfloat16): "F.rms_norm",
+    ("cuda", torch.float16): "F.rms_norm",
+}
+
+
+def implementation_for(device_type: str, dtype: torch.dtype) -> str:
+    """The path the model's RMSNorm takes for input of this dtype on this kind of device."""
+    return CHOICE.get((device_type, dtype), "eager")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return IMPLEMENTATIONS[implementation_for(x.device.type, x.dtype)](x, weight, eps)

@@ -1,0 +1,89 @@
+"""Export a MiniMind checkpoint as a plain transformers model: Llama, Qwen3 or OLMo 2, picked from its config.
+
+    python scripts/convert_to_hf.py out/pretrain out/hf
+
+    pre     + RMSNorm (with or without gains) + no QK-norm  -> LlamaForCausalLM
+    pre     + RMSNorm + --qk_norm head                      -> Qwen3ForCausalLM
+    reorder + RMSNorm + --qk_norm proj                      -> Olmo2ForCausalLM
+
+The module names already match, so the state dict is copied unchanged. Before reporting success the script
+loads the written directory with the plain transformers class and compares its logits with the MiniMind
+model's on a few sequences (float32, max abs difference <= 1e-4); any other configuration, and any export
+that fails that check, is refused with the reason and nothing is written.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+import model  # noqa: F401  (registers MiniMind with the Auto classes)
+from model import MiniMindForCausalLM
+from model.hf_export import hf_config, hf_family
+from trainer.checkpoint import resolve_model_dir
+from trainer.cli import ArgumentParser, UserError, run_cli
+from trainer.fs import staged_directory
+
+TOLERANCE = 1e-4
+
+
+@torch.no_grad()
+def max_logit_difference(a, b, vocab_size: int, seed: int = 0) -> float:
+    """Largest |logit difference| of two models over a few random sequences (float32, eval mode)."""
+    ids = torch.randint(0, vocab_size, (3, 24), generator=torch.Generator().manual_seed(seed))
+    return (a(input_ids=ids).logits.float() - b(input_ids=ids).logits.float()).abs().max().item()
+
+
+def convert(src: Path, dst: Path) -> str:
+    """Write the export to dst and return the family's class name; UserError (nothing written) if it cannot."""
+    src = resolve_model_dir(src)
+    if dst.exists():
+        raise UserError(f"{dst} already exists; choose a new output directory")
+    try:
+        cfg = AutoConfig.from_pretrained(src)
+    except Exception as err:  # unknown model_type, malformed JSON, ...
+        raise UserError(f"{src}: cannot read config.json ({str(err).strip().splitlines()[0]})") from None
+    if cfg.model_type != "minimind":
+        raise UserError(f"{src} holds a {cfg.model_type!r} model, not a MiniMind checkpoint")
+    try:
+        family = hf_family(cfg)
+    except ValueError as err:
+        raise UserError(f"cannot export this checkpoint: {err}") from None
+
+    source = MiniMindForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_config(hf_config(cfg, family), dtype=torch.float32)
+    missing, unexpected = target.load_state_dict(source.state_dict(), strict=False)
+    gains = [k for k in missing if k.endswith("norm.weight")]
+    if unexpected or set(missing) != set(gains) or (gains and cfg.norm_type != "rmsnorm_noparam"):
+        raise UserError(f"{src}: weights do not match the {type(target).__name__} layout "
+                        f"(missing {missing}, unexpected {unexpected})")
+    with torch.no_grad():
+        for key in gains:  # parameter-free RMSNorm has no gain: the equivalent is a gain of exactly 1
+            target.get_parameter(key).fill_(1.0)
+    with staged_directory(dst) as tmp:
+        target.save_pretrained(tmp)
+        if any((src / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+            AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
+        # The self-check reads what was written, with transformers' own class and none of this repo's code.
+        reloaded = type(target).from_pretrained(tmp, dtype=torch.float32).eval()
+        diff = max_logit_difference(source, reloaded, cfg.vocab_size)
+        if not diff <= TOLERANCE:
+            raise UserError(f"the exported {type(target).__name__} differs from the checkpoint (max |logit "
+                            f"difference| {diff:.2e} > {TOLERANCE:g}); nothing was written")
+    print(f"wrote {type(target).__name__} to {dst} (max |logit difference| {diff:.1e})")
+    return type(target).__name__
+
+
+def main() -> None:
+    parser = ArgumentParser(description=__doc__)
+    parser.add_argument("src_dir", type=Path, help="the trainer's --out_dir, or a MiniMind checkpoint directory")
+    parser.add_argument("dst_dir", type=Path, help="new directory for the export (must not exist)")
+    args = parser.parse_args()
+    convert(args.src_dir, args.dst_dir)
+
+
+if __name__ == "__main__":
+    run_cli(main)

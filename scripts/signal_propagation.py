@@ -1,0 +1,199 @@
+"""Signal propagation at initialization: how each norm placement carries the forward signal and the gradient
+through depth, before any training.
+
+    python scripts/signal_propagation.py                                  # 9 variants x depths 4..128, hidden 128
+    python scripts/signal_propagation.py --variants pre-rmsnorm post-rmsnorm --depths 4 8 16 --hidden_size 64
+
+For every variant (a <placement>-<norm> name of scripts/run_ablation.py) and depth it builds the model exactly as
+the trainer would (same flags, same initialization, fixed --seed), runs one forward and backward of the language-
+model loss on the first --batch_size windows of held-out text (the validation split through the data layer),
+and records per block: the RMS of the residual stream entering it, the gradient norm of its parameters, the
+cosine between the stream entering and leaving it, the largest attention logit and max|x|/median|x| (the
+trainer's own diagnostics, trainer/diagnostics.py). It prints a summary table and what theory predicts next to
+what was measured, and writes the per-block numbers (JSON) and a figure to --out_dir.
+
+The textbook predictions assume sublayer outputs about as large as the stream they join. With the model's
+N(0, 0.02) initialization at hidden 128 they are far smaller, so some predictions need not hold at
+initialization; a block cosine near 1 in the table means the block hardly changes the stream, which is why.
+"""
+
+import copy
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from data import BatchSampler, load_tokenizer, prepare_split
+from scripts.run_ablation import VARIANTS
+from trainer.args import build_parser
+from trainer.cli import ArgumentParser, UserError, require_positive, run_cli
+from trainer.diagnostics import block_grad_norms, layer_stats
+from trainer.plots import plot_signal_propagation
+from trainer.train_pretrain import build_model, model_config
+
+DEFAULT_VARIANTS = ["pre-rmsnorm", "post-rmsnorm", "peri-rmsnorm", "reorder-rmsnorm", "deepnorm-rmsnorm",
+                    "mix-rmsnorm", "pre+depth-rmsnorm", "pre+qk_head-rmsnorm", "pre-none"]
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
+                   help="<placement>-<norm> names as in scripts/run_ablation.py (pre-none = no norm at all)")
+    p.add_argument("--depths", nargs="+", type=int, default=[4, 8, 16, 32, 64, 128], help="numbers of blocks")
+    p.add_argument("--hidden_size", type=int, default=128, help="model width")
+    p.add_argument("--num_attention_heads", type=int, default=8, help="query heads")
+    p.add_argument("--num_key_value_heads", type=int, default=2, help="key/value heads")
+    p.add_argument("--batch_size", type=int, default=4, help="held-out windows in the one batch")
+    p.add_argument("--seq_len", type=int, default=128, help="tokens per window")
+    p.add_argument("--seed", type=int, default=0, help="seeds every model's initialization")
+    p.add_argument("--data_path", default=None, help="corpus (default: the embedded Shakespeare plays)")
+    p.add_argument("--tokenizer_path", default=None, help="tokenizer directory (default: the shipped one)")
+    p.add_argument("--out_dir", default="out/signal_propagation",
+                   help="writes signal_propagation.json and signal_propagation.png here")
+    args = p.parse_args(argv)
+    require_positive(args, ("hidden_size", "num_attention_heads", "num_key_value_heads", "batch_size", "seq_len"))
+    if any(d < 1 for d in args.depths):
+        raise UserError(f"--depths must be positive integers, got {args.depths}")
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        raise UserError(f"unknown variant {unknown[0]!r}; see python scripts/run_ablation.py --help for the names")
+    return args
+
+
+def measure(model_args, variant: str, depth: int, tokenizer, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """Build the variant at this depth as the trainer would and measure it once, at initialization."""
+    args = copy.copy(model_args)
+    for field, value in VARIANTS[variant].items():
+        setattr(args, field, value)
+    args.num_hidden_layers = depth
+    model = build_model(model_config(args, tokenizer, torch.device("cpu")), args.seed)
+    stats = layer_stats(model, x)
+    loss = model(input_ids=x, shift_labels=y).loss
+    loss.backward()
+    grads = block_grad_norms(model.model.layers)
+    # largest over smallest block gradient: 1 when every block would learn at the same rate
+    spread = max(grads) / min(grads) if min(grads) > 0 else math.inf
+    return {"variant": variant, "depth": depth, "loss": loss.item(), **stats, "layer_grad_norm": grads,
+            "gradient_spread": spread}
+
+
+def loglog_slope(xs, ys) -> float:
+    """Exponent p of the least-squares fit ys ~ xs^p."""
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+def theory(results: list[dict], head_dim: int, mix_ln_fraction: float) -> list[tuple[str, str, str, bool]]:
+    """(variant, what theory says, what was measured, whether they agree) for each variant that has a prediction
+    and was measured; the deepest depth is used for the within-model claims."""
+    by = {(r["variant"], r["depth"]): r for r in results}
+    depths = sorted({r["depth"] for r in results})
+    deep = depths[-1]
+    checks = []
+
+    def variance_growth(variant):  # after l blocks (l >= 1): exponent of var ~ l^p and the variance added per block
+        var = np.square(by[variant, deep]["residual_rms"][1:])
+        blocks = np.arange(1, len(var) + 1)
+        return loglog_slope(blocks, var), float(np.polyfit(blocks, var, 1)[0])
+
+    if ("pre-rmsnorm", deep) in by and deep >= 4:
+        p, per_block = variance_growth("pre-rmsnorm")
+        checks.append(("pre-rmsnorm", "residual variance grows about linearly with depth (var ~ l^1)",
+                       f"var ~ l^{p:.2f} over {deep} blocks, +{per_block:.3g} per block", 0.7 <= p <= 1.3))
+    if ("pre+depth-rmsnorm", deep) in by and ("pre-rmsnorm", deep) in by and deep >= 4:
+        p_scaled, _ = variance_growth("pre+depth-rmsnorm")
+        p_pre, _ = variance_growth("pre-rmsnorm")
+        checks.append(("pre+depth-rmsnorm", "1/sqrt(l) on the input norms slows the variance growth of pre",
+                       f"var ~ l^{p_scaled:.2f} vs pre's l^{p_pre:.2f}", p_scaled < p_pre))
+    if ("peri-rmsnorm", deep) in by and deep >= 4:
+        p, per_block = variance_growth("peri-rmsnorm")
+        checks.append(("peri-rmsnorm", "each sublayer adds an output of RMS 1: variance +2 per block, no faster",
+                       f"+{per_block:.2f} per block, var ~ l^{p:.2f}", 1.5 <= per_block <= 2.5))
+    post_depths = [d for d in depths if ("post-rmsnorm", d) in by]
+    if len(post_depths) > 1:
+        first = [by["post-rmsnorm", d]["layer_grad_norm"][0] for d in post_depths]
+        slope = loglog_slope(post_depths, first)
+        checks.append(("post-rmsnorm", "the bottom block's gradient shrinks as depth grows",
+                       f"block-0 gradient ~ L^{slope:.2f} ({first[0]:.3g} at L={post_depths[0]}, "
+                       f"{first[-1]:.3g} at L={post_depths[-1]})", slope < 0))
+    deep_norm = [v for d in depths if ("deepnorm-rmsnorm", d) in by for v in by["deepnorm-rmsnorm", d]["residual_rms"][1:]]
+    if deep_norm:  # every block ends in a unit-gain norm, so every block after the first receives RMS 1
+        checks.append(("deepnorm-rmsnorm", "the stream stays bounded: RMS 1 after every block, at every depth",
+                       f"RMS {min(deep_norm):.3f}..{max(deep_norm):.3f}", max(abs(v - 1) for v in deep_norm) < 0.05))
+    if ("pre-rmsnorm", deep) in by:
+        spread = {v: by[v, deep]["gradient_spread"] for v in ("pre-rmsnorm", "peri-rmsnorm", "mix-rmsnorm",
+                                                              "deepnorm-rmsnorm", "pre+depth-rmsnorm") if (v, deep) in by}
+        grads = by["pre-rmsnorm", deep]["layer_grad_norm"]
+        checks.append(("pre-rmsnorm", "deeper blocks get smaller gradients (the curse of depth)",
+                       f"last / first block gradient {grads[-1] / grads[0]:.3g} at L={deep}", grads[-1] < grads[0]))
+        for variant, value in spread.items():
+            if variant != "pre-rmsnorm":
+                checks.append((variant, "block gradients more even than pre's (smaller max / min over blocks)",
+                               f"max / min {value:.3g} vs pre's {spread['pre-rmsnorm']:.3g} at L={deep}",
+                               value < spread["pre-rmsnorm"]))
+    if ("mix-rmsnorm", deep) in by:
+        r = by["mix-rmsnorm", deep]
+        n_post = math.floor(mix_ln_fraction * deep)
+        after_post = r["residual_rms"][1:n_post + 1]
+        checks.append(("mix-rmsnorm", f"the first {n_post} (Post-Norm) blocks hand on a stream of RMS 1",
+                       "RMS " + (f"{min(after_post):.3f}..{max(after_post):.3f}" if after_post else "n/a"),
+                       all(abs(v - 1) < 0.05 for v in after_post)))
+    qk = [by["pre+qk_head-rmsnorm", d] for d in depths if ("pre+qk_head-rmsnorm", d) in by]
+    if qk:
+        largest = max(v for r in qk for v in r["max_attn_logit"])
+        checks.append(("pre+qk_head-rmsnorm", f"unit-gain QK-norm caps every logit at sqrt(head_dim) = "
+                       f"{math.sqrt(head_dim):.2f}", f"largest logit {largest:.3f}", largest <= math.sqrt(head_dim) + 1e-3))
+    if ("pre-none", deep) in by:
+        cosine = by["pre-none", deep]["block_cosine"]
+        checks.append(("pre-none", "without norms the 0.02-scale stream hardly moves: blocks act as identity",
+                       f"block cosine {min(cosine):.4f}..{max(cosine):.4f}", min(cosine) > 0.9))
+    return checks
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    tokenizer = load_tokenizer(args.tokenizer_path)
+    held_out = prepare_split(args.data_path, "validation", tokenizer)
+    x, y = next(BatchSampler(held_out.tokens, args.batch_size, args.seq_len, sequential=True))
+    # The trainer's own defaults, so each model is built exactly as `train_pretrain.py` with these flags builds it.
+    model_args = build_parser().parse_args([
+        "--hidden_size", str(args.hidden_size), "--num_attention_heads", str(args.num_attention_heads),
+        "--num_key_value_heads", str(args.num_key_value_heads), "--max_seq_len", str(args.seq_len),
+        "--seed", str(args.seed)])
+
+    results = [measure(model_args, variant, depth, tokenizer, x, y) for variant, depth in
+               tqdm([(v, d) for v in args.variants for d in sorted(args.depths)], desc="models", unit="model")]
+
+    print(f"\nat initialization, seed {args.seed}, hidden {args.hidden_size}, one batch of {args.batch_size} x "
+          f"{args.seq_len} held-out tokens. rms: residual stream entering block 0 / the last block; grad: gradient "
+          "norm of the first / last block's parameters; cos: cosine between a block's input and output")
+    head = f"{'variant':<22}{'L':>4}{'loss':>7}{'rms 0':>9}{'rms L-1':>9}{'grad 0':>10}{'grad L-1':>10}" \
+           f"{'cos min':>9}{'cos mean':>9}{'max logit':>10}"
+    print(head + "\n" + "-" * len(head))
+    for r in results:
+        rms, grad, cos = r["residual_rms"], r["layer_grad_norm"], r["block_cosine"]
+        print(f"{r['variant']:<22}{r['depth']:>4}{r['loss']:>7.3f}{rms[0]:>9.3g}{rms[-1]:>9.3g}{grad[0]:>10.3g}"
+              f"{grad[-1]:>10.3g}{min(cos):>9.3f}{np.mean(cos):>9.3f}{max(r['max_attn_logit']):>10.3g}")
+
+    checks = theory(results, args.hidden_size // args.num_attention_heads, model_args.mix_ln_fraction)
+    if checks:
+        print("\ntheory vs measurement")
+        for variant, claim, measured, agrees in checks:
+            print(f"  {variant:<20} {'agrees ' if agrees else 'DIFFERS'}  theory: {claim}; measured: {measured}")
+
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"config": vars(args), "results": results,
+               "theory": [dict(zip(("variant", "claim", "measured", "agrees"), c, strict=True)) for c in checks]}
+    (out / "signal_propagation.json").write_text(json.dumps(payload, indent=1))
+    plot_signal_propagation(results, out / "signal_propagation.png")
+    print(f"\nwrote {out / 'signal_propagation.json'} and {out / 'signal_propagation.png'}")
+
+
+if __name__ == "__main__":
+    run_cli(main)

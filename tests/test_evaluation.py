@@ -1,0 +1,75 @@
+"""Held-out evaluation: one process, and sharded over two gloo processes, give the same loss."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from model import MiniMindConfig, MiniMindForCausalLM
+from trainer.evaluation import evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+# 23 windows of 16 tokens (+ 1 for the last target): not a multiple of 2 ranks x 4 rows, so the shards and
+# the last batches are uneven; 8 steps x 4 rows = 32 windows wrap around the split.
+CASES = {"whole split": None, "wrapping steps": 8, "one step": 1}
+SETUP = """
+import numpy as np, torch
+from model import MiniMindConfig, MiniMindForCausalLM
+torch.manual_seed(0)
+model = MiniMindForCausalLM(MiniMindConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                           num_attention_heads=2, num_key_value_heads=1))
+tokens = np.random.default_rng(0).integers(0, 64, size=23 * 16 + 1).astype(np.uint16)
+"""
+PROBE = """
+import json, os, sys
+from contextlib import nullcontext
+sys.path.insert(0, {repo!r})
+import torch.distributed as dist
+from trainer.evaluation import evaluate
+{setup}
+dist.init_process_group("gloo")
+rank, world_size = dist.get_rank(), dist.get_world_size()
+losses = {{name: evaluate(model, tokens, 4, 16, steps, "cpu", nullcontext(), rank=rank, world_size=world_size)
+           for name, steps in {cases!r}.items()}}
+with open(os.path.join({out!r}, f"rank{{rank}}.json"), "w") as f:
+    json.dump(losses, f)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # two processes start and import torch: ~10-30 s
+def test_sharded_evaluation_matches_one_process(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(textwrap.dedent(PROBE.format(repo=str(REPO), setup=SETUP, cases=CASES, out=str(tmp_path))))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe)]
+    result = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                            cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{i}.json").read_text()) for i in (0, 1))
+    assert r0 == r1  # all-reduced: every rank returns the same number
+
+    scope = {}
+    exec(SETUP, scope)  # the same model and tokens, in this one process
+    for name, steps in CASES.items():
+        alone = evaluate(scope["model"], scope["tokens"], 4, 16, steps, "cpu", nullcontext())
+        # the same windows in other batches: equal up to the float32 rounding of the batched matmuls
+        assert r0[name] == pytest.approx(alone, rel=1e-6), name
+    assert len({round(v, 4) for v in r0.values()}) == 3  # the three cases evaluate different text
+
+
+def test_evaluation_weights_a_short_last_batch_by_its_windows():
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(MiniMindConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                               num_attention_heads=2, num_key_value_heads=1))
+    tokens = np.random.default_rng(1).integers(0, 64, size=5 * 16 + 1).astype(np.uint16)
+    per_window = [evaluate(model, tokens[16 * k : 16 * (k + 1) + 1], 1, 16, None, "cpu", nullcontext())
+                  for k in range(5)]
+    assert evaluate(model, tokens, 4, 16, None, "cpu", nullcontext()) == pytest.approx(np.mean(per_window),
+                                                                                        rel=1e-6)

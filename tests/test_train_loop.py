@@ -1,0 +1,96 @@
+"""The training loop in-process: where it reads the device from the host, and how it keeps a bad update out."""
+
+import math
+
+import pytest
+import torch
+
+import trainer.train_pretrain as tp
+from trainer.args import parse_args
+
+TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--num_key_value_heads",
+        "1", "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "2", "--num_proc", "1"]
+# Every way Python code reads a tensor's value on the host; on CUDA each one waits for the GPU.
+HOST_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+@pytest.fixture
+def train_args(tmp_path, monkeypatch, tiny_corpus, tiny_tokenizer_dir):
+    monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
+
+    def make(*flags, out: str = "run"):
+        return parse_args(["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, *TINY,
+                           "--out_dir", str(tmp_path / out), *map(str, flags)])
+    return make
+
+
+@pytest.fixture
+def built(monkeypatch) -> list:
+    """The models train() builds, kept for inspection after it returns."""
+    models, build = [], tp.build_model
+    monkeypatch.setattr(tp, "build_model", lambda *a: models.append(build(*a)) or models[-1])
+    return models
+
+
+def test_host_reads_only_on_steps_that_log_evaluate_or_save(train_args, monkeypatch):
+    args = train_args("--max_steps", 8, "--accumulation_steps", 2, "--log_interval", 4, "--eval_interval", 8,
+                      "--save_interval", 8)
+    current = {"step": None}  # the step the loop is in: it calls lr_at once at the start of each
+    lr_at = tp.lr_at
+
+    def tracking_lr_at(step, *rest):
+        current["step"] = step
+        return lr_at(step, *rest)
+
+    monkeypatch.setattr(tp, "lr_at", tracking_lr_at)
+    reads = []
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, **kw):
+            if current["step"] is not None:
+                reads.append(current["step"])
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    summary = tp.train(args)
+    assert summary["step"] == 8 and not summary["diverged"]
+    # steps 3 and 7 (0-based) log, step 7 also evaluates and saves; the six others never wait on the device
+    assert set(reads) == {3, 7}
+
+
+def test_non_finite_step_is_skipped_on_the_device_and_reported(train_args, built):
+    """Divergence between two log steps: the loop sees it only at the next log step, yet the weights it ends
+    with are those after the last good step, bit for bit, and it reports the step that went bad."""
+    blow_up = ["--learning_rate", 1e6, "--warmup_steps", 3, "--grad_clip", 0, "--norm", "none",
+               "--lr_decay_steps", 30, "--log_interval", 30, "--eval_interval", 30, "--save_interval", 30]
+    summary = tp.train(train_args(*blow_up, "--max_steps", 30))
+    good_steps = summary["step"]
+    assert summary["diverged"] and 1 <= good_steps < 29  # found at step 30, it happened well before
+    assert all(torch.isfinite(p).all() for p in built[0].parameters())
+
+    reference = tp.train(train_args(*blow_up, "--max_steps", good_steps, out="reference"))
+    assert not reference["diverged"] and reference["step"] == good_steps
+    for a, b in zip(built[0].state_dict().values(), built[1].state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_float16_with_grad_scaler_skips_overflowing_steps(train_args, monkeypatch):
+    """fp16 autocast trains through a GradScaler; a scale too large for fp16 makes the gradients overflow, and
+    those steps are skipped on the device (no update, no AdamW step count) while the scale backs off: routine
+    for fp16, so the run goes on and is not reported as diverged."""
+    init_scale = 2.0**24
+    grad_scaler = torch.amp.GradScaler
+    scalers, optimizers = [], []
+    monkeypatch.setattr(torch.amp, "GradScaler",
+                        lambda *a, **kw: scalers.append(grad_scaler(*a, **kw, init_scale=init_scale)) or scalers[-1])
+    build_optimizer = tp.build_optimizer
+    monkeypatch.setattr(tp, "build_optimizer", lambda *a: optimizers.append(build_optimizer(*a)) or optimizers[-1])
+    summary = tp.train(train_args("--device", "cpu", "--dtype", "float16", "--max_steps", 16, "--log_interval", 8,
+                                  "--learning_rate", 3e-3, "--warmup_steps", 5))
+    assert not summary["diverged"] and summary["step"] == 16 and math.isfinite(summary["val_loss"])
+    assert scalers[0].is_enabled()
+    skipped = round(math.log2(init_scale / scalers[0].get_scale()))  # each overflow halves the scale
+    assert 0 < skipped < 16
+    steps_taken = {state["step"].item() for state in optimizers[0].state.values()}
+    assert steps_taken == {16 - skipped}
