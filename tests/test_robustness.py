@@ -124,8 +124,8 @@ def test_a_crashed_trainers_lock_is_stale(tmp_path, run):
 
 def test_a_failed_run_releases_its_lock_and_leaves_no_directory(tmp_path, run):
     out = tmp_path / "new" / "run"
-    with pytest.raises(UserError, match="--batch_size"):  # refused after the directory was claimed
-        run(out, "--batch_size", 100000)
+    with pytest.raises(UserError, match="no such file"):  # refused after the directory was claimed
+        run(out, "--max_steps", 2, data_path=tmp_path / "missing.jsonl")
     assert not out.exists()
 
 
@@ -226,7 +226,7 @@ def test_edited_data_or_another_tokenizer_refuses(base_run, tmp_path, run, tiny_
 
 
 @pytest.mark.parametrize("flag,value", [("--norm", "layernorm"), ("--norm_position", "post"), ("--hidden_size", 64),
-                                        ("--num_hidden_layers", 3), ("--seed", 1)])
+                                        ("--num_hidden_layers", 3), ("--qk_norm", "head"), ("--seed", 1)])
 def test_architecture_and_seed_given_with_resume_must_match(flag, value, base_run, tmp_path, run):
     out = copy_of(base_run, tmp_path / "run")
     with pytest.raises(UserError, match=f"{flag} "):
@@ -474,9 +474,10 @@ def test_the_ablation_runner_starts_afresh_over_a_run_that_crashed_before_its_fi
     spec.loader.exec_module(runner)
     study, base = runner.parse_args(["--out_dir", str(tmp_path / "study"), "--data_path", tiny_corpus,
                                      "--tokenizer_path", tiny_tokenizer_dir, *TINY, "--max_steps", "2"])
-    crashed = tmp_path / "study" / "runs" / runner.run_name("pre-rmsnorm", base.learning_rate, base.warmup_steps, 0)
+    config = ("pre-rmsnorm", 2, base.learning_rate, base.warmup_steps, 0)  # variant, depth, lr, warmup, seed
+    crashed = tmp_path / "study" / "runs" / runner.run_name(*config)
     crashed.mkdir(parents=True)
     (crashed / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 9.0}\n')
-    summary = runner.run_one(base, study, "pre-rmsnorm", base.learning_rate, base.warmup_steps, 0)
+    summary = runner.run_one(base, study, *config)
     assert summary["step"] == 2 and sorted(train_losses(crashed)) == [1, 2]
     assert train_losses(crashed)[1] != 9.0
