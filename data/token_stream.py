@@ -1,5 +1,6 @@
 """Tokenize a split once into a flat, memory-mapped token file, and draw training batches from it."""
 
+import errno
 import hashlib
 import json
 import math
@@ -21,6 +22,7 @@ from trainer.fs import write_file_atomically
 
 CACHE_FORMAT = 2  # bump when the packing, splitting or metadata rules change, so old caches are not reused
 SCAN_CHUNK_BYTES = 1 << 24
+CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def default_cache_dir() -> Path:
@@ -153,11 +155,17 @@ def prepare_split(
         return packed
     texts = load_texts(data_path, split, text_field, streaming)
     dtype = np.dtype(np.uint16 if len(tokenizer) <= 2**16 else np.uint32)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with reading(data_path):
-        counts = write_file_atomically(path, lambda f: _pack(texts, tokenizer, dtype, f, num_proc, streaming, split))
-    meta = {**counts, "dtype": dtype.name, "key": key}
-    write_file_atomically(path.with_suffix(".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with reading(data_path):
+            counts = write_file_atomically(path, lambda f: _pack(texts, tokenizer, dtype, f, num_proc, streaming, split))
+        meta = {**counts, "dtype": dtype.name, "key": key}
+        write_file_atomically(path.with_suffix(".json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    except OSError as err:
+        if err.errno not in CANNOT_WRITE:
+            raise
+        raise UserError(f"cannot write the token cache in {cache_dir} ({err.strerror}); free some space there, or "
+                        "point MINIMIND_CACHE at another folder") from None
     return _open_cached(path, key, len(tokenizer))
 
 

@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 import data.token_stream
 import trainer.memory
 import trainer.tracking
+import trainer.train_pretrain
 from data import DEFAULT_TOKENIZER_DIR, load_texts, prepare_split
 from model import MiniMindConfig, MiniMindForCausalLM
 from trainer.args import parse_args
@@ -123,8 +124,8 @@ def test_a_crashed_trainers_lock_is_stale(tmp_path, run):
 
 def test_a_failed_run_releases_its_lock_and_leaves_no_directory(tmp_path, run):
     out = tmp_path / "new" / "run"
-    with pytest.raises(UserError, match="--batch_size"):  # refused after the directory was claimed
-        run(out, "--batch_size", 100000)
+    with pytest.raises(UserError, match="no such file"):  # refused after the directory was claimed
+        run(out, "--max_steps", 2, data_path=tmp_path / "missing.jsonl")
     assert not out.exists()
 
 
@@ -225,7 +226,7 @@ def test_edited_data_or_another_tokenizer_refuses(base_run, tmp_path, run, tiny_
 
 
 @pytest.mark.parametrize("flag,value", [("--norm", "layernorm"), ("--norm_position", "post"), ("--hidden_size", 64),
-                                        ("--num_hidden_layers", 3), ("--seed", 1)])
+                                        ("--num_hidden_layers", 3), ("--qk_norm", "head"), ("--seed", 1)])
 def test_architecture_and_seed_given_with_resume_must_match(flag, value, base_run, tmp_path, run):
     out = copy_of(base_run, tmp_path / "run")
     with pytest.raises(UserError, match=f"{flag} "):
@@ -306,6 +307,16 @@ class FullDisk(io.RawIOBase):
         no_space()
 
 
+def test_a_full_disk_when_writing_the_summary_is_one_line_and_resume_writes_it(tmp_path, run, monkeypatch):
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer.train_pretrain, "write_file_atomically", no_space)
+        with pytest.raises(UserError, match="cannot write .*summary.json \\(No space left on device\\); the checkpoint"):
+            run(out, "--max_steps", 2)
+    summary = run(out, "--max_steps", 2, "--resume")
+    assert json.loads((out / "summary.json").read_text()) == summary and summary["val_loss"] is not None
+
+
 def test_a_full_disk_while_logging_metrics_is_one_line(tmp_path):
     tracker = trainer.tracking.Tracker(tmp_path, False, {}, "p", "n", None, None)
     tracker.file.close()
@@ -344,6 +355,18 @@ def test_a_damaged_token_cache_is_detected_and_rebuilt(how, tmp_path, tiny_corpu
     rebuilt = prepare_split(tiny_corpus, "validation", tiny_tokenizer, cache_dir=tmp_path)
     assert f"warning: token cache {packed.path} is damaged" in capsys.readouterr().err
     assert np.array_equal(rebuilt.tokens, expected) and rebuilt.sha256 == packed.sha256
+
+
+def test_a_full_disk_while_tokenizing_is_one_line_and_leaves_no_temp_files(tmp_path, tiny_corpus, tiny_tokenizer,
+                                                                            monkeypatch):
+    def fills_the_disk(texts, tokenizer, dtype, out, *rest):
+        out.write(b"the first tokens")
+        no_space()
+
+    monkeypatch.setattr(data.token_stream, "_pack", fills_the_disk)
+    with pytest.raises(UserError, match=f"^cannot write the token cache in {tmp_path} \\(No space left on device\\)"):
+        prepare_split(tiny_corpus, "validation", tiny_tokenizer, cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_non_string_text_names_file_and_record(tmp_path):
@@ -451,11 +474,10 @@ def test_the_ablation_runner_starts_afresh_over_a_run_that_crashed_before_its_fi
     spec.loader.exec_module(runner)
     study, base = runner.parse_args(["--out_dir", str(tmp_path / "study"), "--data_path", tiny_corpus,
                                      "--tokenizer_path", tiny_tokenizer_dir, *TINY, "--max_steps", "2"])
-    crashed = tmp_path / "study" / "runs" / runner.run_name("pre-rmsnorm", base.num_hidden_layers, base.learning_rate,
-                                                                   base.warmup_steps, 0)
+    config = ("pre-rmsnorm", 2, base.learning_rate, base.warmup_steps, 0)  # variant, depth, lr, warmup, seed
+    crashed = tmp_path / "study" / "runs" / runner.run_name(*config)
     crashed.mkdir(parents=True)
     (crashed / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 9.0}\n')
-    summary = runner.run_one(base, study, "pre-rmsnorm", base.num_hidden_layers, base.learning_rate,
-                             base.warmup_steps, 0)
+    summary = runner.run_one(base, study, *config)
     assert summary["step"] == 2 and sorted(train_losses(crashed)) == [1, 2]
     assert train_losses(crashed)[1] != 9.0

@@ -173,9 +173,10 @@ def build_model(config: MiniMindConfig, seed: int) -> MiniMindForCausalLM:
 # weight decay (the optimizer state carries its own) would not continue the same run.
 RESUME_MUST_MATCH = ("max_seq_len", "batch_size", "accumulation_steps", "seed", "weight_decay")
 # The architecture comes from the checkpoint: each flag and its name in the model config.
-ARCHITECTURE = {"hidden_size": "hidden_size", "num_hidden_layers": "num_hidden_layers",
-                "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads",
-                "norm": "norm_type", "norm_position": "norm_position"}
+ARCHITECTURE = {"norm": "norm_type", **{flag: flag for flag in (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "norm_position",
+    "mix_ln_fraction", "norm_scaling", "qk_norm", "dyt_alpha_init", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
+    "dyt_alpha_init_final")}}
 # What checkpoints from before data fingerprints compare instead: the flags naming the data and tokenizer.
 DATA_FLAGS = ("data_path", "text_field", "tokenizer_path")
 
@@ -477,7 +478,11 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
             "norm": cfg.norm_type, "norm_position": cfg.norm_position, "hidden_size": cfg.hidden_size,
             "seed": args.seed, "out_dir": str(out_dir), "args": vars(args), "data": fingerprint,
         })
-        write_file_atomically(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=1).encode()))
+        try:
+            write_file_atomically(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=1).encode()))
+        except OSError as err:
+            raise UserError(f"cannot write {out_dir / 'summary.json'} ({err.strerror}); the checkpoint is saved: free "
+                            "some space, then run the same command with --resume to write it") from None
         tracker.close()
     return summary
 
