@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--use_wandb", action="store_true",
                      help="log to Weights & Biases: online if an API key is configured, else offline")
     log.add_argument("--wandb_project", default="minimind-norm", help="wandb project")
-    log.add_argument("--wandb_run_name", default=None, help="wandb run name (default: <norm>-<position>-s<seed>)")
+    log.add_argument("--wandb_run_name", default=None, help="wandb run name (default: <variant>-s<seed>, e.g. pre-rmsnorm-s0)")
     log.add_argument("--wandb_group", default=None, help="wandb group (the ablation runner sets one per study)")
     return p
 

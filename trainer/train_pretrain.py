@@ -43,7 +43,7 @@ from data import (
     prepare_split,
     tokenizer_fingerprint,
 )
-from model import MiniMindConfig, MiniMindForCausalLM, count_norms
+from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.model_minimind import NORM_MODULES
 from trainer.args import CPU_HIDDEN_SIZE, GPU_HIDDEN_SIZE, parse_args
 from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
@@ -322,7 +322,7 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
             keep_metrics_up_to(out_dir / "metrics.jsonl", step)
         elif args.overwrite:
             discard_run(out_dir)
-        run_name = args.wandb_run_name or f"{cfg.norm_position}-{cfg.norm_type}-s{args.seed}"
+        run_name = args.wandb_run_name or f"{norm_variant(cfg)}-s{args.seed}"
         run_config = {**vars(args), "num_params": num_params, "norm_params": norm_params,
                       "num_norms": num_norms, "hidden_size": cfg.hidden_size, "world_size": world_size,
                       "device": str(device), "dtype": dtype_name, "data": fingerprint}
@@ -337,8 +337,7 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
             elif args.dtype == "auto" and cpu_has_bf16_matmul():
                 print("note: this CPU has AMX bf16 units; --dtype bfloat16 may train faster than the float32 default",
                       file=sys.stderr)
-        print(f"model: {num_params / 1e6:.2f}M parameters, {num_norms} x {cfg.norm_type} "
-              f"({cfg.norm_position}-norm), hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | "
+        print(f"model: {num_params / 1e6:.2f}M parameters, {num_norms} norms ({norm_variant(cfg)}), hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | "
               f"{device} {dtype_name} x{world_size} | train {train_data.num_tokens:,} tokens, "
               f"val {val_data.num_tokens:,} tokens ({val_bpt:.2f} bytes/token)")
 
@@ -475,7 +474,7 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
             "tokens_per_s": step * tokens_per_step / train_time if train_time else None,
             "s_per_step": train_time / step if step else None, "train_time_s": train_time,
             "num_params": num_params, "norm_params": norm_params, "num_norms": num_norms,
-            "norm": cfg.norm_type, "norm_position": cfg.norm_position, "hidden_size": cfg.hidden_size,
+            "norm": cfg.norm_type, "norm_position": cfg.norm_position, "variant": norm_variant(cfg), "hidden_size": cfg.hidden_size,
             "seed": args.seed, "out_dir": str(out_dir), "args": vars(args), "data": fingerprint,
         })
         try:
