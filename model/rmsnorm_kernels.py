@@ -115,4 +115,8 @@ def implementation_for(device_type: str, dtype: torch.dtype) -> str:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        # Traced by torch.compile: the plain formula, which inductor fuses into one kernel each way (the
+        # rmsnorm_compiled row); the hand-written backward's mat-vecs would stay separate library calls.
+        return eager(x, weight, eps)
     return IMPLEMENTATIONS[implementation_for(x.device.type, x.dtype)](x, weight, eps)

@@ -97,6 +97,19 @@ def test_path_choice():
     assert set(kernels.CHOICE.values()) <= set(kernels.IMPLEMENTATIONS)
 
 
+def test_compiled_model_traces_the_plain_formula():
+    """Under torch.compile the norm is the formula inductor can fuse, not the autograd.Function."""
+    graphs = []
+
+    def keep_graph(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm
+
+    norm = torch.compile(RMSNorm(32, EPS), backend=keep_graph, fullgraph=True)
+    norm(torch.randn(4, 32, requires_grad=True)).sum().backward()
+    assert len(graphs) == 1 and "rsqrt" in graphs[0] and "autograd_function_apply" not in graphs[0]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtypes", DTYPE_CASES, ids=lambda d: f"{d[0]}-{d[1]}".replace("torch.", ""))
 def test_cuda_path_matches_eager_on_cuda(dtypes):
