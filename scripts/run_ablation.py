@@ -96,7 +96,7 @@ def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str
 
 # Flags that do not change what a run computes, so a finished run made with other values is still valid.
 BOOKKEEPING = {"out_dir", "resume", "overwrite", "keep_checkpoints", "use_wandb", "wandb_project", "wandb_run_name",
-               "wandb_group", "num_proc"}
+               "wandb_group", "num_proc", "dist_timeout"}
 
 
 def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict:
