@@ -91,30 +91,40 @@ def barrier() -> None:
         dist.barrier()
 
 
-class StopFlag:
-    """SIGTERM / SIGINT ask the loop to save and exit after the current step instead of dying mid-write (under
-    DDP after the next step that logs, evaluates or saves, where the ranks agree on it)."""
+class SignalHandler:
+    """Handles SIGTERM and SIGINT with self._handle while it exists; restore() puts the previous handlers back."""
 
     def __init__(self):
-        self.requested = False
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
-        self.requested = True
+        raise NotImplementedError
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
 
-class InterruptGuard:
+class StopFlag(SignalHandler):
+    """SIGTERM / SIGINT ask the loop to save and exit after the current step instead of dying mid-write (under
+    DDP after the next step that logs, evaluates or saves, where the ranks agree on it)."""
+
+    def __init__(self):
+        self.requested = False
+        super().__init__()
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+
+class InterruptGuard(SignalHandler):
     """Outside the loop, SIGTERM acts like Ctrl-C: it raises KeyboardInterrupt in this process, so every cleanup
     runs (temporary files removed, the run directory unlocked). Forked tokenizer workers leave Ctrl-C to this
     process, which stops them, and die quietly on SIGTERM. `signal` names the signal once one came."""
 
     def __init__(self):
         self.pid, self.signal = os.getpid(), None
-        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        super().__init__()
 
     def _handle(self, signum, frame):
         if os.getpid() != self.pid:
@@ -124,10 +134,6 @@ class InterruptGuard:
             return
         self.signal = signal.Signals(signum).name
         raise KeyboardInterrupt
-
-    def restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
 
 
 # ---------------------------------------------------------------------------------------------------------
