@@ -24,7 +24,7 @@ import numpy as np
 
 from data import load_tokenizer, prepare_split
 from model import NORM_POSITIONS, NORM_TYPES
-from trainer.args import build_parser, validate
+from trainer.args import build_parser, fill_device_defaults, validate
 from trainer.checkpoint import find_checkpoints
 from trainer.cli import ArgumentParser, UserError, run_cli
 from trainer.plots import plot_depth, plot_grid, plot_layer_profiles, plot_loss_curves
@@ -75,7 +75,7 @@ def parse_args(argv=None):
         if v not in VARIANTS:
             raise UserError(f"unknown variant {v!r}: a variant is <placement>-<norm> with placement one of "
                             f"{', '.join(PLACEMENTS)} and norm one of {', '.join(sorted(NORM_TYPES))}; or 'all'")
-    trainer_args = build_parser().parse_args(rest)
+    trainer_args = fill_device_defaults(build_parser().parse_args(rest))
     if set(SET_PER_RUN) & {a.split("=")[0] for a in rest}:
         raise UserError(f"{', '.join(SET_PER_RUN)} are set per run by the study; use --seeds and --variants "
                         "(finished runs are reused automatically)")

@@ -12,6 +12,7 @@ import torch
 from data import load_tokenizer, prepare_split
 from model import NORM_POSITIONS, NORM_TYPES, norm_variant
 from scripts import run_ablation
+from trainer import args as trainer_args
 from trainer.args import build_parser
 from trainer.cli import UserError
 from trainer.tracking import read_metrics
@@ -45,6 +46,25 @@ def test_variants_are_looked_up_not_split():
     assert len(run_ablation.VARIANTS) == len(run_ablation.PLACEMENTS) * len(NORM_TYPES)
     study, _ = run_ablation.parse_args(["--variants", "all"])
     assert study.variants == list(run_ablation.VARIANTS) and "pre+qk_head-batchnorm" in study.variants
+
+
+def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkeypatch):
+    """The CPU preset and the GPU default have their own batch, steps and peak learning rate; a given flag wins."""
+    out = ["--out_dir", str(tmp_path / "run")]
+    cpu, cuda = trainer_args.DEVICE_DEFAULTS["cpu"], trainer_args.DEVICE_DEFAULTS["cuda"]
+    args = trainer_args.parse_args(out)
+    assert (args.batch_size, args.max_steps, args.learning_rate) == (cpu["batch_size"], cpu["max_steps"],
+                                                                      cpu["learning_rate"])
+    assert args.hidden_size is None  # the width is the model config's to fill, as in runs recorded before the table
+    study, base = run_ablation.parse_args(out)
+    assert study.learning_rates == [cpu["learning_rate"]] and base.max_steps == cpu["max_steps"]
+    given = trainer_args.parse_args([*out, "--learning_rate", "3e-4", "--batch_size", "3", "--max_steps", "7"])
+    assert (given.learning_rate, given.batch_size, given.max_steps) == (3e-4, 3, 7)
+    monkeypatch.setattr(trainer_args, "pick_device", lambda name: torch.device("cuda"))
+    args = trainer_args.parse_args(out)
+    assert (args.batch_size, args.max_steps, args.learning_rate) == (cuda["batch_size"], cuda["max_steps"],
+                                                                      cuda["learning_rate"])
+    assert cpu != cuda
 
 
 def test_variant_names_are_the_models_own_names_for_them(tiny_tokenizer):
@@ -120,7 +140,8 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study, capsys):
 
 
 def test_depths_give_one_run_per_depth_with_that_many_layers(study):
-    out = study("--variants", "mix+depth-rmsnorm", "--depths", "1", "4", "--max_steps", "2", "--eval_interval", "2")
+    out = study("--variants", "mix+depth-rmsnorm", "--depths", "1", "4", "--max_steps", "2", "--eval_interval", "2",
+                "--learning_rate", "2e-3", "--warmup_steps", "50")
     runs = json.loads((out / "results.json").read_text())
     assert sorted(r["depth"] for r in runs) == [1, 4]
     for r in runs:

@@ -63,6 +63,7 @@ def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
             _band(ax, runs, split, x_key, name)
         ax.set(xlabel="step" if x_key == "step" else "training time (s)", ylabel=f"{split} loss")
         ax.grid(alpha=0.3)
+    axes[0][0].set_yscale("log")  # a loss spike in one variant (no norm: 1e4) would flatten every other curve
     axes[0][0].legend(fontsize=8)
     fig.suptitle("mean over seeds, band = min..max")
     fig.tight_layout()
@@ -92,7 +93,7 @@ def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigr
     an x at the top edge (its loss is left out of the mean; a depth where all diverged has only the x); one
     where some seed plateaued gets a ring around its mean. unigram draws the loss of a context-free model.
     """
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     top = ax.get_xaxis_transform()  # x in data, y in axes fraction
     depths = sorted({depth for points in lines.values() for depth, _ in points})
     for index, (name, points) in enumerate(lines.items()):
@@ -122,7 +123,7 @@ def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigr
     ax.set_xticks(depths, [str(d) for d in depths])
     ax.minorticks_off()
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside the axes: no point hidden
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

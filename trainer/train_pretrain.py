@@ -45,7 +45,7 @@ from data import (
 )
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.model_minimind import NORM_MODULES
-from trainer.args import CPU_HIDDEN_SIZE, GPU_HIDDEN_SIZE, parse_args
+from trainer.args import device_defaults, parse_args
 from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from trainer.cli import UserError, run_cli
 from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, pick_device, resolve_dtype
@@ -145,7 +145,7 @@ def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
     try:
         config = MiniMindConfig(
             vocab_size=len(tokenizer),
-            hidden_size=args.hidden_size or (GPU_HIDDEN_SIZE if device.type == "cuda" else CPU_HIDDEN_SIZE),
+            hidden_size=args.hidden_size or device_defaults(device)["hidden_size"],
             num_hidden_layers=args.num_hidden_layers,
             num_attention_heads=args.num_attention_heads,
             num_key_value_heads=args.num_key_value_heads,
