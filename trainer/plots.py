@@ -63,11 +63,13 @@ def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
             _band(ax, runs, split, x_key, name)
         ax.set(xlabel="step" if x_key == "step" else "training time (s)", ylabel=f"{split} loss")
         ax.grid(alpha=0.3)
-    axes[0][0].set_yscale("log")  # a loss spike in one variant (no norm: 1e4) would flatten every other curve
-    axes[0][0].legend(fontsize=8)
+    for row in axes:
+        row[0].set_yscale("log")  # a loss spike in one variant (no norm: 1e4) would flatten every other curve
+    # Beside the panels, not in one: a study of dozens of runs has a legend taller than a panel.
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center left", bbox_to_anchor=(1, 0.5), fontsize=8)
     fig.suptitle("mean over seeds, band = min..max")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
