@@ -4,16 +4,25 @@
     python scripts/run_ablation.py --variants all --seeds 0
     python scripts/run_ablation.py --variants pre-rmsnorm post-rmsnorm deepnorm-rmsnorm --depths 8 16 32
     python scripts/run_ablation.py --learning_rates 1e-3 3e-3 1e-2 --warmup_steps 0 50   # stability grid
+    python scripts/run_ablation.py --tune_lr 1e-3 2e-3 4e-3 8e-3 1.6e-2 --seeds 0 1 2     # fair study
 
 Every run goes through trainer.train_pretrain.train (the same code as `python trainer/train_pretrain.py`),
 with identical data, seed list and step budget; any trainer flag passes through. A variant is
 <placement>-<norm>, e.g. pre-rmsnorm, post-layernorm, pre+qk_head-rmsnorm, reorder+qk_proj-rmsnorm: a named
 placement from PLACEMENTS (the config fields it sets) and a norm type. Finished runs are reused when the study
 is re-run with the same out_dir, so an interrupted study picks up where it stopped.
+
+With --tune_lr every (variant, depth) is compared at its own best peak learning rate: the first seed trains at
+each grid point, the lowest final validation loss among runs that neither diverged nor plateaued wins (the grid
+grows by one point past an edge that wins, at most twice), and only then do the other seeds train, at that lr.
+The choice is written to tuning.json and lr_sensitivity.png; results.md compares the variants at their chosen lrs,
+with paired per-seed differences against --baseline (trainer/lr_tuning.py has the rules).
 """
 
 import copy
 import json
+import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -24,10 +33,11 @@ import numpy as np
 
 from data import load_tokenizer, prepare_split
 from model import NORM_POSITIONS, NORM_TYPES
+from trainer import lr_tuning
 from trainer.args import build_parser, fill_device_defaults, validate
 from trainer.checkpoint import find_checkpoints
 from trainer.cli import ArgumentParser, UserError, run_cli
-from trainer.plots import plot_depth, plot_grid, plot_layer_profiles, plot_loss_curves
+from trainer.plots import plot_depth, plot_grid, plot_layer_profiles, plot_loss_curves, plot_lr_sensitivity
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 
@@ -68,6 +78,12 @@ def parse_args(argv=None):
                    help="stability grid: peak learning rates (default: the trainer's --learning_rate)")
     p.add_argument("--warmup_steps", nargs="+", type=int, default=None,
                    help="stability grid: warmup lengths (default: the trainer's --warmup_steps)")
+    p.add_argument("--tune_lr", nargs="+", type=float, default=None, metavar="LR",
+                   help="fair study: peak learning rates to sweep per variant and depth with the first seed; the "
+                        "other seeds train only at the lr with the lowest final validation loss (see above)")
+    p.add_argument("--baseline", default="pre-rmsnorm",
+                   help="with --tune_lr: the variant every other one is compared with, seed by seed, at the same "
+                        "depth (it must be one of --variants for the comparison to appear)")
     p.add_argument("--out_dir", default="out/ablation", help="study folder: runs/, plots, results.md")
     own, rest = p.parse_known_args(argv)
     variants = list(VARIANTS) if own.variants == ["all"] else own.variants
@@ -79,6 +95,18 @@ def parse_args(argv=None):
     if set(SET_PER_RUN) & {a.split("=")[0] for a in rest}:
         raise UserError(f"{', '.join(SET_PER_RUN)} are set per run by the study; use --seeds and --variants "
                         "(finished runs are reused automatically)")
+    if own.tune_lr is not None:
+        if own.learning_rates is not None:
+            raise UserError("--tune_lr picks each variant's learning rate itself; drop --learning_rates (a fixed "
+                            "grid for every variant) or --tune_lr")
+        if own.warmup_steps is not None and len(own.warmup_steps) > 1:
+            raise UserError("--tune_lr takes one --warmup_steps value; run one study per warmup")
+        if any(lr <= 0 for lr in own.tune_lr):
+            raise UserError(f"--tune_lr learning rates must be > 0, got {own.tune_lr}")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UserError("--tune_lr runs in one process (every choice needs the full summary); start it "
+                            "without torchrun")
+        own.tune_lr = sorted(set(own.tune_lr))
     own.variants = variants
     own.depths = own.depths or [trainer_args.num_hidden_layers]
     own.learning_rates = own.learning_rates or [trainer_args.learning_rate]
@@ -118,8 +146,10 @@ def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed:
     done = out_dir / "summary.json"
     if done.exists():
         summary = json.loads(done.read_text())
-        changed = sorted(k for k, v in vars(args).items()
-                         if k not in BOOKKEEPING and summary.get("args", {}).get(k) != v)
+        # A flag added after the run was recorded is missing from its args; the run computed what that flag's
+        # default computes (new flags default to the old behaviour), so it counts as recorded with the default.
+        recorded = {**vars(build_parser().parse_args([])), **summary.get("args", {})}
+        changed = sorted(k for k, v in vars(args).items() if k not in BOOKKEEPING and recorded.get(k) != v)
         if changed:
             raise UserError(f"{out_dir} was trained with other values of --{', --'.join(changed)}; "
                             "use a new --out_dir for a different study")
@@ -171,9 +201,42 @@ def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
     return "\n".join(lines)
 
 
-def report(study, base, groups: dict[tuple, list[dict]]) -> None:
+def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: str) -> str:
+    """--tune_lr: each (variant, depth) at its chosen lr, with its usable range and the paired difference."""
+    head = ["variant", "layers", "chosen lr", f"usable lrs (≤ {lr_tuning.USABLE_MARGIN} nats from best)",
+            "val loss", "min–max", f"Δ vs {baseline} (paired)", "seeds agreeing", "diverged", "plateaued"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    runs_at = {(variant, depth): runs for (variant, depth, _, _), runs in groups.items()}
+
+    def seed_losses(runs):
+        return {r["seed"]: None if r["diverged"] or r["plateaued"] else r["val_loss"] for r in runs}
+
+    for t in tuning:
+        runs = runs_at.get((t["variant"], t["depth"]), [])
+        ok = [r["val_loss"] for r in runs if not r["diverged"] and r["val_loss"] is not None]
+        usable = t["usable_range"]
+        span = (f"{min(usable):g}–{max(usable):g}" if len(usable) > 1 else f"{usable[0]:g}") if usable else "—"
+        diff, agree = "—", "—"
+        base_runs = runs_at.get((baseline, t["depth"]))
+        if runs and base_runs and t["variant"] != baseline:
+            d = lr_tuning.paired_difference(seed_losses(runs), seed_losses(base_runs))
+            if d.differences:
+                diff = f"{d.mean:+.3f}" + (f" ± {d.std:.3f}" if d.std is not None else "")
+                agree = f"{d.agreeing}/{len(d.differences)}"
+        edge = " (edge)" if t["at_edge"] else ""
+        row = [t["variant"], str(t["depth"]),
+               f"{t['chosen_lr']:g}{edge}" if t["chosen_lr"] is not None else "none usable",
+               f"{span} ({len(usable)} of {len(t['learning_rates'])})", mean_std(ok),
+               f"{min(ok):.3f}–{max(ok):.3f}" if ok else "—", diff, agree,
+               f"{sum(r['diverged'] for r in runs)}/{len(runs)}", f"{sum(r['plateaued'] for r in runs)}/{len(runs)}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | None = None) -> None:
     out = Path(study.out_dir)
     grid = len(study.learning_rates) > 1 or len(study.warmup_steps) > 1
+    with_lr = grid or tuning is not None
     metrics = {key: [read_metrics(Path(r["out_dir"]) / "metrics.jsonl") for r in runs] for key, runs in groups.items()}
     unigram = unigram_loss(base)
     for key, runs in groups.items():
@@ -182,7 +245,7 @@ def report(study, base, groups: dict[tuple, list[dict]]) -> None:
 
     def label(variant, depth, lr, warmup, with_depth=True):
         return " ".join([variant, *([f"L{depth}"] if with_depth and len(study.depths) > 1 else []),
-                         *([f"lr={lr:g} wu={warmup}"] if grid else [])])
+                         *([f"lr={lr:g} wu={warmup}"] if grid else [])])  # tuned: one lr per variant
 
     plot_loss_curves({label(*k): m for k, m in metrics.items()}, out / "loss_curves.png")
     plot_layer_profiles({label(*k): m[0] for k, m in metrics.items()
@@ -191,7 +254,20 @@ def report(study, base, groups: dict[tuple, list[dict]]) -> None:
             "validation evaluation; a diverged run (non-finite loss) is excluded from the mean and counted. A run "
             f"plateaued when its final validation loss is within {PLATEAU_MARGIN} nats of a unigram model's "
             f"({unigram:.3f}: training-split token frequencies, scored on the validation split) or no lower than "
-            "at its first evaluation.", "", results_table(groups, grid), ""]
+            "at its first evaluation.", ""]
+    if tuning is not None:
+        (out / "tuning.json").write_text(json.dumps(tuning, indent=1))
+        plot_lr_sensitivity(tuning, out / "lr_sensitivity.png")
+        text += ["## Each variant at its own best learning rate", "",
+                 f"Learning rates tried with seed {study.seeds[0]}: {' '.join(f'{lr:g}' for lr in study.tune_lr)} "
+                 f"(the grid grows by ×2 or ÷2 past an edge that wins, at most {lr_tuning.MAX_EXTENSIONS} times; "
+                 "'(edge)' marks a choice still at the edge). The chosen lr has the lowest final validation loss among runs "
+                 "that neither diverged nor plateaued; the other seeds trained at it only. Δ is the variant's "
+                 f"final validation loss minus {study.baseline}'s on the same seed (same initialization seed and "
+                 "data order), mean ± std over seeds; 'seeds agreeing' counts the seeds whose difference has "
+                 "the sign of the mean.", "", fair_table(groups, tuning, study.baseline), "",
+                 "![lr sensitivity](lr_sensitivity.png)", ""]
+    text += [results_table(groups, with_lr), ""]
     if len(study.depths) > 1:
         lines: dict[str, list[tuple[int, list[dict]]]] = {}
         for (variant, depth, lr, warmup), runs in groups.items():
@@ -215,25 +291,97 @@ def report(study, base, groups: dict[tuple, list[dict]]) -> None:
     (out / "results.md").write_text("\n".join(text))
     rows = [{"variant": variant, "depth": depth, **r} for (variant, depth, _, _), runs in groups.items() for r in runs]
     (out / "results.json").write_text(json.dumps(rows, indent=1))
-    print("\n" + results_table(groups, grid) + f"\n\nwrote {out / 'results.md'}")
+    fair = "" if tuning is None else fair_table(groups, tuning, study.baseline) + "\n\n"
+    print("\n" + fair + results_table(groups, with_lr) + f"\n\nwrote {out / 'results.md'}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    study, base = parse_args(argv)
+class StudyInterrupted(Exception):
+    """A run stopped on a signal; the same command continues the study where it stopped."""
+
+
+def train_or_reuse(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict | None:
+    """run_one, stopping the study when the run was interrupted. None on DDP ranks other than 0 (they only get
+    the outcome, not the numbers)."""
+    summary = run_one(base, study, variant, depth, lr, warmup, seed)
+    if summary["interrupted"]:
+        raise StudyInterrupted
+    return summary if "out_dir" in summary else None
+
+
+def grid_study(study, base) -> dict[tuple, list[dict]]:
+    """Every variant at every depth, lr, warmup and seed."""
     groups: dict[tuple, list[dict]] = {}
     for depth in study.depths:
         for lr in study.learning_rates:
             for warmup in study.warmup_steps:
                 for variant in study.variants:
                     for seed in study.seeds:
-                        summary = run_one(base, study, variant, depth, lr, warmup, seed)
-                        if summary["interrupted"]:
-                            print("study interrupted; run the same command again to continue where it stopped")
-                            return
-                        if "out_dir" in summary:  # rank 0's full summary (other DDP ranks only get the outcome)
+                        summary = train_or_reuse(base, study, variant, depth, lr, warmup, seed)
+                        if summary is not None:
                             groups.setdefault((variant, depth, lr, warmup), []).append(summary)
-    if groups:
-        report(study, base, groups)
+    return groups
+
+
+def tuning_point(lr: float, run: dict, unigram: float) -> lr_tuning.Point:
+    """A finished run as a grid point: its final validation loss, usable unless it diverged or plateaued."""
+    finite = not run["diverged"] and run["val_loss"] is not None and math.isfinite(run["val_loss"])
+    usable = finite and not plateaued(run, read_metrics(Path(run["out_dir"]) / "metrics.jsonl"), unigram)
+    return lr_tuning.Point(lr, run["val_loss"] if finite else None, usable)
+
+
+def tune_study(study, base) -> tuple[dict[tuple, list[dict]], list[dict]]:
+    """--tune_lr: per (variant, depth), the lr grid with the first seed (grown past a winning edge), then the
+    other seeds at the chosen lr only. Returns the runs at each chosen lr and the tuning record."""
+    unigram = unigram_loss(base)
+    warmup = study.warmup_steps[0]
+    first, *others = study.seeds
+    groups: dict[tuple, list[dict]] = {}
+    tuning = []
+    for depth in study.depths:
+        for variant in study.variants:
+            lrs, runs = list(study.tune_lr), {}
+            for extension in range(lr_tuning.MAX_EXTENSIONS + 1):
+                for lr in lrs:
+                    if lr not in runs:
+                        runs[lr] = train_or_reuse(base, study, variant, depth, lr, warmup, first)
+                points = [tuning_point(lr, runs[lr], unigram) for lr in lrs]
+                chosen = lr_tuning.choose_lr(points)
+                new = lr_tuning.edge_extension(lrs, chosen)
+                if new is None:
+                    break
+                if extension == lr_tuning.MAX_EXTENSIONS:
+                    print(f"{variant} L{depth}: the best lr, {chosen:g}, is still at the edge of the grid after "
+                          f"{lr_tuning.MAX_EXTENSIONS} extensions; it is kept, but a better one may lie outside")
+                    break
+                print(f"{variant} L{depth}: the best lr, {chosen:g}, is at the edge of the grid; adding {new:g} "
+                      f"(extension {extension + 1} of {lr_tuning.MAX_EXTENSIONS})")
+                lrs = sorted([*lrs, new])
+            tuning.append({"variant": variant, "depth": depth, "learning_rates": lrs,
+                           "val_losses": [p.val_loss for p in points], "usable": [p.usable for p in points],
+                           "chosen_lr": chosen, "at_edge": new is not None,
+                           "usable_range": lr_tuning.usable_range(points)})
+            if chosen is None:
+                print(f"{variant} L{depth}: no lr of {', '.join(f'{lr:g}' for lr in lrs)} trained without "
+                      "diverging or plateauing; its other seeds are not trained")
+                continue
+            groups[variant, depth, chosen, warmup] = [
+                runs[chosen], *(train_or_reuse(base, study, variant, depth, chosen, warmup, s) for s in others)]
+    return groups, tuning
+
+
+def main(argv: list[str] | None = None) -> None:
+    study, base = parse_args(argv)
+    tuning = None
+    try:
+        if study.tune_lr:
+            groups, tuning = tune_study(study, base)
+        else:
+            groups = grid_study(study, base)
+    except StudyInterrupted:
+        print("study interrupted; run the same command again to continue where it stopped")
+        return
+    if groups or tuning:
+        report(study, base, groups, tuning)
 
 
 if __name__ == "__main__":

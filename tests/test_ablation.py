@@ -189,3 +189,70 @@ def test_unigram_loss_is_the_smoothed_frequency_model(tmp_path, tiny_corpus, tin
     counts = Counter(train)
     expected = -sum(math.log((counts[t] + 1) / (len(train) + len(tokenizer))) for t in val) / len(val)
     assert run_ablation.unigram_loss(base) == pytest.approx(expected, rel=1e-9)
+
+
+def test_tune_lr_refuses_a_fixed_grid_and_several_warmups():
+    with pytest.raises(UserError, match=re.escape("drop --learning_rates")):
+        run_ablation.parse_args(["--tune_lr", "1e-3", "2e-3", "--learning_rates", "1e-3"])
+    with pytest.raises(UserError, match="one --warmup_steps value"):
+        run_ablation.parse_args(["--tune_lr", "1e-3", "2e-3", "--warmup_steps", "0", "10"])
+    with pytest.raises(UserError, match="must be > 0"):
+        run_ablation.parse_args(["--tune_lr", "1e-3", "0"])
+    study, _ = run_ablation.parse_args(["--tune_lr", "4e-3", "1e-3", "4e-3"])
+    assert study.tune_lr == [1e-3, 4e-3]  # sorted, duplicates dropped
+
+
+@pytest.mark.slow  # ten tiny runs and a rerun: ~17 s on 2 busy cores
+def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reruns_nothing(
+        study, capsys, monkeypatch):
+    # Runs of a few steps learn too little to beat a unigram model; judged on loss alone, none counts as plateaued.
+    monkeypatch.setattr(run_ablation, "unigram_loss", lambda base: math.inf)
+    flags = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--tune_lr", "1e-3", "3e-2",
+             "--max_steps", "3", "--eval_interval", "3", "--warmup_steps", "0", "--log_interval", "3")
+    out = study(*flags)
+    tuning = json.loads((out / "tuning.json").read_text())
+    assert [(t["variant"], t["depth"]) for t in tuning] == [("pre-rmsnorm", 2), ("post-rmsnorm", 2)]
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    for t in tuning:
+        lrs, losses = t["learning_rates"], t["val_losses"]
+        assert len(lrs) == len(losses) == len(t["usable"]) and lrs == sorted(lrs)
+        assert {1e-3, 3e-2} <= set(lrs) and len(lrs) <= 4  # the grid, plus at most two edge extensions
+        finite = {lr: v for lr, v in zip(lrs, losses, strict=True) if v is not None}
+        assert t["chosen_lr"] == min(finite, key=finite.get)
+        grown = [lr for lr in lrs if lr not in (1e-3, 3e-2)]
+        assert all(lr in (5e-4, 2.5e-4, 6e-2, 1.2e-1) for lr in grown)
+        # seed 0 at every grid point, seed 1 only at the chosen lr
+        seed0 = [r for r in runs if r.startswith(t["variant"] + "-") and r.endswith("-s0")]
+        seed1 = [r for r in runs if r.startswith(t["variant"] + "-") and r.endswith("-s1")]
+        assert len(seed0) == len(lrs)
+        assert seed1 == [run_ablation.run_name(t["variant"], 2, t["chosen_lr"], 0, 1)]
+    results = json.loads((out / "results.json").read_text())
+    assert sorted((r["variant"], r["seed"]) for r in results) == [
+        ("post-rmsnorm", 0), ("post-rmsnorm", 1), ("pre-rmsnorm", 0), ("pre-rmsnorm", 1)]
+    chosen = {t["variant"]: t["chosen_lr"] for t in tuning}
+    assert all(r["args"]["learning_rate"] == chosen[r["variant"]] for r in results)
+    table = (out / "results.md").read_text()
+    assert "## Each variant at its own best learning rate" in table and (out / "lr_sensitivity.png").stat().st_size
+    post = next(line for line in table.splitlines() if line.startswith("| post-rmsnorm | 2 | "))
+    assert re.search(r"\| [+-]\d\.\d{3} ± \d\.\d{3} \| \d/2 \|", post), post  # paired against pre-rmsnorm
+
+    # a rerun reuses every run: nothing trains
+    def no_training(args):
+        raise AssertionError(f"trained {args.out_dir} again")
+    monkeypatch.setattr(run_ablation, "train", no_training)
+    capsys.readouterr()
+    study(*flags)
+    assert json.loads((out / "tuning.json").read_text()) == tuning
+
+
+def test_a_flag_added_after_a_run_was_recorded_counts_as_its_default(study, monkeypatch, capsys):
+    out = study("--variants", "pre-rmsnorm", "--max_steps", "2", "--eval_interval", "2")
+    summary_path = next((out / "runs").iterdir()) / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    del summary["args"]["grad_clip"]  # as if the run had been recorded before --grad_clip existed
+    summary_path.write_text(json.dumps(summary))
+    capsys.readouterr()
+    study("--variants", "pre-rmsnorm", "--max_steps", "2", "--eval_interval", "2")
+    assert "model:" not in capsys.readouterr().out  # reused, not retrained
+    with pytest.raises(UserError, match="other values of --grad_clip"):
+        study("--variants", "pre-rmsnorm", "--max_steps", "2", "--eval_interval", "2", "--grad_clip", "0.5")

@@ -131,6 +131,40 @@ def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigr
     plt.close(fig)
 
 
+def plot_lr_sensitivity(tuning: list[dict], path: Path) -> None:
+    """Final validation loss (first seed) against peak learning rate, one panel per depth, one line per variant
+    (tuning records of scripts/run_ablation.py --tune_lr). A star marks the chosen lr, a hollow marker a run that
+    plateaued, an x at the top edge one that diverged."""
+    depths = sorted({t["depth"] for t in tuning})
+    fig, axes = plt.subplots(1, len(depths), figsize=(6.5 * len(depths) + 3, 4.5), squeeze=False)
+    for ax, depth in zip(axes[0], depths, strict=True):
+        top = ax.get_xaxis_transform()
+        for t in (t for t in tuning if t["depth"] == depth):
+            lrs, losses = np.array(t["learning_rates"]), t["val_losses"]
+            finite = np.array([v is not None for v in losses])
+            y = np.array([np.nan if v is None else v for v in losses])
+            (line,) = ax.plot(lrs[finite], y[finite], marker="o", label=t["variant"])
+            color = line.get_color()
+            for lr, loss, usable in zip(lrs, y, t["usable"], strict=True):
+                if np.isnan(loss):
+                    ax.plot(lr, 0.98, marker="x", ms=9, mew=2, color=color, transform=top, clip_on=False)
+                elif not usable:
+                    ax.plot(lr, loss, marker="o", ms=11, mfc="white", color=color)
+            if t["chosen_lr"] is not None:
+                ax.plot(t["chosen_lr"], y[list(lrs).index(t["chosen_lr"])], marker="*", ms=16, color=color,
+                        mec="black")
+        ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss (first seed)",
+               title=f"{depth} layers")
+        ax.grid(alpha=0.3)
+    axes[0][-1].plot([], [], "k*", ms=12, label="chosen lr")
+    axes[0][-1].plot([], [], "ko", mfc="white", label="plateaued (cannot win)")
+    axes[0][-1].plot([], [], "kx", label="x at top: diverged")
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_signal_propagation(results: list[dict], path: Path) -> None:
     """Per-block statistics at initialization (scripts/signal_propagation.py), one line per variant: against the
     block index at the largest depth measured (top row) and against depth (bottom row)."""

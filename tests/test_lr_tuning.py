@@ -1,0 +1,49 @@
+"""The fair-study protocol's arithmetic on hand-made results: the lr choice, the grid's growth, the usable range and
+the paired differences (the runner's --tune_lr end to end is in test_ablation.py)."""
+
+import math
+
+import pytest
+
+from trainer.lr_tuning import Point, choose_lr, edge_extension, paired_difference, usable_range
+
+
+def test_the_lowest_usable_loss_wins_and_failed_runs_never_do():
+    points = [Point(1e-3, 4.50, True), Point(2e-3, 4.31, True), Point(4e-3, 4.40, True)]
+    assert choose_lr(points) == 2e-3
+    # a diverged run (no loss) and a plateaued one (lowest loss here, but unusable) cannot win
+    assert choose_lr([*points, Point(8e-3, None, False), Point(1.6e-2, 4.0, False)]) == 2e-3
+    assert choose_lr([Point(1e-3, None, False), Point(2e-3, 5.0, False)]) is None
+    assert choose_lr([]) is None
+    # an exact tie goes to the smaller, safer lr, whatever the order of the grid
+    assert choose_lr([Point(4e-3, 4.2, True), Point(2e-3, 4.2, True), Point(8e-3, 4.3, True)]) == 2e-3
+
+
+def test_a_winner_at_an_edge_grows_the_grid_by_a_factor_of_two():
+    grid = [1e-3, 2e-3, 4e-3]
+    assert edge_extension(grid, 1e-3) == 5e-4
+    assert edge_extension(grid, 4e-3) == 8e-3
+    assert edge_extension(grid, 2e-3) is None
+    assert edge_extension(grid, None) is None
+    assert edge_extension([1e-3], 1e-3) is None  # a single point has no direction to grow in
+
+
+def test_usable_range_is_every_usable_point_within_the_margin_of_the_best():
+    points = [Point(1e-3, 4.50, True), Point(2e-3, 4.34, True), Point(4e-3, 4.30, True),
+              Point(8e-3, 4.32, False), Point(1.6e-2, None, False)]
+    assert usable_range(points) == [2e-3, 4e-3]  # 4.50 is 0.2 away; 8e-3 plateaued
+    assert usable_range([Point(1e-3, None, False)]) == []
+
+
+def test_paired_difference_is_per_seed_on_the_seeds_both_finished():
+    variant = {0: 4.0, 1: 4.2, 2: 3.9, 4: None}
+    baseline = {0: 4.1, 1: 4.1, 2: 4.0, 3: 5.0, 4: 4.0}
+    d = paired_difference(variant, baseline)
+    assert sorted(d.differences) == [0, 1, 2]
+    assert [round(v, 12) for v in d.differences.values()] == [-0.1, 0.1, -0.1]
+    assert d.mean == pytest.approx(-0.1 / 3)
+    assert d.std == pytest.approx(math.sqrt(((-0.1 + 0.1 / 3) ** 2 * 2 + (0.1 + 0.1 / 3) ** 2) / 2))
+    assert d.agreeing == 2  # two seeds lower, one higher
+    single = paired_difference({0: 4.0}, {0: 4.5})
+    assert (single.mean, single.std, single.agreeing) == (pytest.approx(-0.5), None, 1)
+    assert paired_difference({0: float("nan")}, {0: 4.0}).mean is None

@@ -1,0 +1,86 @@
+"""The fair-study protocol's arithmetic: which learning rate a variant trains best at, how wide its usable range
+is, and how it compares with a baseline seed by seed. Pure functions on final validation losses, so the runner
+(scripts/run_ablation.py --tune_lr) and the tests share them.
+
+A grid point is *usable* when its run neither diverged (non-finite loss) nor plateaued (learned next to
+nothing): only usable points can win, because a run that plateaued at a low loss by luck is not a setting anyone
+should pick.
+"""
+
+import math
+import statistics
+from dataclasses import dataclass
+
+# A chosen lr at the edge of the grid may be beaten just outside it; the grid grows by this factor that many times.
+EDGE_FACTOR = 2.0
+MAX_EXTENSIONS = 2
+# Grid points whose loss is within this many nats of the variant's best count as its usable lr range.
+USABLE_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point: the peak lr and its first seed's final validation loss (None when the run diverged)."""
+    lr: float
+    val_loss: float | None
+    usable: bool
+
+
+def choose_lr(points: list[Point]) -> float | None:
+    """The usable point with the lowest final validation loss; on an exact tie the smaller lr (the safer setting).
+    None when no point is usable."""
+    usable = [p for p in points if p.usable and p.val_loss is not None and math.isfinite(p.val_loss)]
+    if not usable:
+        return None
+    return min(usable, key=lambda p: (p.val_loss, p.lr)).lr
+
+
+def edge_extension(lrs: list[float], chosen: float | None) -> float | None:
+    """The lr to add when the chosen one sits at an edge of the grid (÷2 below the lowest, ×2 above the highest);
+    None when it lies inside, or nothing was chosen."""
+    if chosen is None or len(lrs) < 2:
+        return None
+    if chosen == min(lrs):
+        return chosen / EDGE_FACTOR
+    if chosen == max(lrs):
+        return chosen * EDGE_FACTOR
+    return None
+
+
+def usable_range(points: list[Point]) -> list[float]:
+    """The usable grid points within USABLE_MARGIN nats of the best one, in increasing lr."""
+    best = choose_lr(points)
+    if best is None:
+        return []
+    floor = next(p.val_loss for p in points if p.lr == best)
+    return sorted(p.lr for p in points if p.usable and p.val_loss is not None and p.val_loss <= floor + USABLE_MARGIN)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Per-seed differences variant − baseline (negative: the variant reached a lower loss)."""
+    differences: dict[int, float]
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.mean(self.differences.values()) if self.differences else None
+
+    @property
+    def std(self) -> float | None:
+        return statistics.stdev(self.differences.values()) if len(self.differences) > 1 else None
+
+    @property
+    def agreeing(self) -> int:
+        """How many seeds' differences have the sign of the mean (a zero difference agrees with nothing)."""
+        mean = self.mean
+        if not mean:
+            return 0
+        return sum(1 for d in self.differences.values() if d * mean > 0)
+
+
+def paired_difference(losses: dict[int, float | None], baseline: dict[int, float | None]) -> PairedDifference:
+    """Differences on the seeds both sides finished with a finite loss (same seed = same init and data order)."""
+    seeds = sorted(s for s in losses.keys() & baseline.keys()
+                   if losses[s] is not None and baseline[s] is not None
+                   and math.isfinite(losses[s]) and math.isfinite(baseline[s]))
+    return PairedDifference({s: losses[s] - baseline[s] for s in seeds})
