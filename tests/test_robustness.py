@@ -28,9 +28,10 @@ from trainer.checkpoint import LINK, resolve_model_dir
 from trainer.cli import UserError
 from trainer.fs import exclusive_lock
 from trainer.memory import step_memory_bytes
+from trainer.process import InterruptGuard
 from trainer.run_dir import LOCK_FILE
 from trainer.tracking import read_metrics
-from trainer.train_pretrain import InterruptGuard, train
+from trainer.train_pretrain import train
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--num_key_value_heads", "1",
