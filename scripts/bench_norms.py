@@ -29,9 +29,9 @@ import torch
 from torch import nn
 from torch.utils import benchmark
 
+from common.cli import ArgumentParser, UserError, require_positive, run_cli
 from model.model_minimind import RMSNorm
 from model.rmsnorm_kernels import IMPLEMENTATIONS, implementation_for
-from trainer.cli import ArgumentParser, UserError, require_positive, run_cli
 from trainer.device import pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

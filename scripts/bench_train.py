@@ -25,9 +25,9 @@ import torch
 from tqdm import tqdm
 from transformers import LlamaForCausalLM
 
+from common.cli import ArgumentParser, UserError, require_positive, run_cli
 from model import MiniMindConfig, MiniMindForCausalLM
 from model.hf_export import hf_config
-from trainer.cli import ArgumentParser, UserError, require_positive, run_cli
 from trainer.device import autocast, pick_device, resolve_dtype
 from trainer.diagnostics import flops_per_token, peak_flops
 from trainer.optim import build_optimizer

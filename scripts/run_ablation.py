@@ -8,8 +8,8 @@
 Every run goes through trainer.train_pretrain.train (the same code as `python trainer/train_pretrain.py`),
 with identical data, seed list and step budget; any trainer flag passes through. A variant is
 <placement>-<norm>, e.g. pre-rmsnorm, post-layernorm, pre+qk_head-rmsnorm, reorder+qk_proj-rmsnorm: a named
-placement from PLACEMENTS (the config fields it sets) and a norm type. Finished runs are reused when the study
-is re-run with the same out_dir, so an interrupted study picks up where it stopped.
+placement from PLACEMENTS in model/variants.py (the config fields it sets) and a norm type. Finished runs are
+reused when the study is re-run with the same out_dir, so an interrupted study picks up where it stopped.
 """
 
 import copy
@@ -22,28 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from common.cli import ArgumentParser, UserError, run_cli
 from data import load_tokenizer, prepare_split
-from model import NORM_POSITIONS, NORM_TYPES
+from model import NORM_TYPES, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
 from trainer.args import build_parser, fill_device_defaults, validate
 from trainer.checkpoint import find_checkpoints
-from trainer.cli import ArgumentParser, UserError, run_cli
 from trainer.plots import plot_depth, plot_grid, plot_layer_profiles, plot_loss_curves
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 
-# A placement names the values of the fields that decide where the norms go; fields it leaves out keep these.
-PLACEMENT_DEFAULTS = {"norm_position": "pre", "norm_scaling": "none", "qk_norm": "none"}
-PLACEMENTS = {position: {"norm_position": position} for position in NORM_POSITIONS} | {
-    "pre+depth": {"norm_scaling": "depth"},  # LayerNorm Scaling ("The Curse of Depth")
-    "mix+depth": {"norm_position": "mix", "norm_scaling": "depth"},
-    "pre+qk_head": {"qk_norm": "head"},  # Qwen3
-    "pre+qk_proj": {"qk_norm": "proj"},
-    "peri+qk_head": {"norm_position": "peri", "qk_norm": "head"},  # Gemma 3
-    "reorder+qk_proj": {"norm_position": "reorder", "qk_norm": "proj"},  # OLMo 2
-}
-# "<placement>-<norm>" -> the trainer flags it sets. Names are looked up here, never split on "-".
-VARIANTS = {f"{placement}-{norm}": {**PLACEMENT_DEFAULTS, **fields, "norm": norm}
-            for placement, fields in PLACEMENTS.items() for norm in sorted(NORM_TYPES)}
 DEFAULT_VARIANTS = ["pre-rmsnorm", "pre-layernorm", "post-rmsnorm", "post-layernorm"]
 # Flags each run gets from the study, so passing them as trainer flags would be ignored or contradictory.
 SET_PER_RUN = ("--seed", "--resume", "--overwrite", *(f"--{field}" for field in ("norm", *PLACEMENT_DEFAULTS)))

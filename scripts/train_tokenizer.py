@@ -8,8 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common.cli import ArgumentParser, run_cli
 from data.tokenizer import DEFAULT_TOKENIZER_DIR, DEFAULT_VOCAB_SIZE, train_tokenizer
-from trainer.cli import ArgumentParser, run_cli
 
 
 def main() -> None:

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch import nn
 
+from common.cli import ArgumentParser, run_cli
 from model.model_minimind import RMSNorm
-from trainer.cli import ArgumentParser, run_cli
 
 # What the notes report for the default 8 x 512, batch 32 setup (they give no seed).
 NOTES = {"std_layer8_no_norm": 0.0163, "grad_layer1_no_norm": 1.2e-5, "std_rmsnorm": "~1.0 at every layer"}

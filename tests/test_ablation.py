@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.cli import UserError
 from data import load_tokenizer, prepare_split
 from model import NORM_POSITIONS, NORM_TYPES, norm_variant
 from scripts import run_ablation
 from trainer import args as trainer_args
 from trainer.args import build_parser
-from trainer.cli import UserError
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import model_config
 

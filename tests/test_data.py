@@ -17,6 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 import data.token_stream
+from common.cli import UserError
 from data import (
     DEFAULT_TOKENIZER_DIR,
     VALIDATION_PLAYS,
@@ -28,7 +29,6 @@ from data import (
     shakespeare_plays,
     tokenizer_fingerprint,
 )
-from trainer.cli import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"

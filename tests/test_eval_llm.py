@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 import eval_llm
+from common.cli import UserError
 from data import DEFAULT_TOKENIZER_DIR, bits_per_byte, load_tokenizer, prepare_split
 from eval_llm import Sampling, compare, evaluate_split, generate_text, load, main
 from model import MiniMindConfig, MiniMindForCausalLM
-from trainer.cli import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"vocab_size": 400, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,

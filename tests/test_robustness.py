@@ -21,12 +21,12 @@ import data.token_stream
 import trainer.memory
 import trainer.tracking
 import trainer.train_pretrain
+from common.cli import UserError
+from common.fs import exclusive_lock
 from data import DEFAULT_TOKENIZER_DIR, load_texts, prepare_split
 from model import MiniMindConfig, MiniMindForCausalLM
 from trainer.args import parse_args
 from trainer.checkpoint import LINK, resolve_model_dir
-from trainer.cli import UserError
-from trainer.fs import exclusive_lock
 from trainer.memory import step_memory_bytes
 from trainer.process import InterruptGuard
 from trainer.run_dir import LOCK_FILE
@@ -288,7 +288,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(where, fail, ba
         monkeypatch.setattr(MiniMindForCausalLM, "save_pretrained", fail)
     else:
         monkeypatch.setattr(torch, "save", fail)
-    with pytest.raises(UserError, match="cannot save the checkpoint for step 6 .*No space left on device") as err:
+    with pytest.raises(UserError, match="cannot write the checkpoint for step 6 .*No space left on device") as err:
         run(out, "--max_steps", 6, "--resume")
     assert "the previous checkpoint (step-000004) is kept" in str(err.value) and "\n" not in str(err.value)
     assert os.readlink(out / LINK) == "step-000004"
@@ -322,7 +322,7 @@ def test_a_full_disk_while_logging_metrics_is_one_line(tmp_path):
     tracker = trainer.tracking.Tracker(tmp_path, False, {}, "p", "n", None, None)
     tracker.file.close()
     tracker.file = io.TextIOWrapper(io.BufferedWriter(FullDisk()))
-    with pytest.raises(UserError, match="cannot write to .*metrics.jsonl \\(No space left on device\\)"):
+    with pytest.raises(UserError, match="cannot write .*metrics.jsonl \\(No space left on device\\)"):
         tracker.log({"step": 1})
     assert tracker.file.closed  # so its unwritten buffer cannot fail once more at exit
 

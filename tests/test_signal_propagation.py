@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common.cli import UserError
 from data import load_tokenizer, prepare_split
 from model import MiniMindConfig, MiniMindForCausalLM
 from scripts import signal_propagation
-from trainer.cli import UserError
 
 TINY = ["--hidden_size", "32", "--num_attention_heads", "2", "--num_key_value_heads", "1", "--batch_size", "2",
         "--seq_len", "16"]

@@ -4,9 +4,9 @@ import argparse
 import os
 from pathlib import Path
 
+from common.cli import ArgumentParser, UserError, require_positive
 from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS
 from trainer.checkpoint import find_checkpoints
-from trainer.cli import ArgumentParser, UserError, require_positive
 from trainer.device import pick_device
 
 # Defaults that depend on the device. The no-flag run must finish in minutes on a 2-core CPU, so off-GPU the

@@ -4,7 +4,7 @@ from contextlib import nullcontext
 
 import torch
 
-from trainer.cli import UserError
+from common.cli import UserError
 
 
 def pick_device(name: str = "auto") -> torch.device:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.cli import UserError
+from common.cli import UserError
 
 # Values autograd keeps per token, per layer and per unit of width: about 20 measured in MiniMind blocks (attention
 # inputs and outputs, SwiGLU's 8/3-wide projections, norms); 16 keeps the estimate a lower bound.

@@ -3,10 +3,10 @@
 import json
 from pathlib import Path
 
+from common.cli import UserError
+from common.fs import write_file_atomically
 from data import PackedTokens, tokenizer_fingerprint
 from model import MiniMindConfig
-from trainer.cli import UserError
-from trainer.fs import write_file_atomically
 from trainer.tracking import read_metrics
 
 # Flags a checkpoint must be resumed with: another batch shape, seed (its RNG states are restored instead) or

@@ -36,6 +36,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from common.cli import UserError, cannot_write, run_cli
+from common.fs import write_file_atomically
 from data import (
     HOLDOUT_EVERY,
     BatchSampler,
@@ -48,7 +50,6 @@ from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.model_minimind import NORM_MODULES
 from trainer.args import device_defaults, parse_args
 from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
-from trainer.cli import UserError, run_cli
 from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, resolve_dtype
 from trainer.diagnostics import (
     block_grad_norms,
@@ -58,7 +59,6 @@ from trainer.diagnostics import (
     peak_memory_mb,
 )
 from trainer.evaluation import evaluate
-from trainer.fs import write_file_atomically
 from trainer.memory import require_step_fits
 from trainer.optim import build_optimizer, lr_at, step_unless
 from trainer.plots import plot_layer_profiles
@@ -462,8 +462,8 @@ def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting
     try:
         write_file_atomically(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=1).encode()))
     except OSError as err:
-        raise UserError(f"cannot write {out_dir / 'summary.json'} ({err.strerror}); the checkpoint is saved: free "
-                        "some space, then run the same command with --resume to write it") from None
+        raise cannot_write(out_dir / "summary.json", err, "the checkpoint is saved: free some space, then run the "
+                           "same command with --resume to write it") from None
     tracker.close()
     return summary
 
