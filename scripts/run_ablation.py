@@ -25,7 +25,7 @@ import numpy as np
 from common.cli import ArgumentParser, UserError, run_cli
 from data import load_tokenizer, prepare_split
 from model import NORM_TYPES, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
-from trainer.args import build_parser, fill_device_defaults, validate
+from trainer.args import build_parser, fill_device_defaults, flags_with, validate
 from trainer.checkpoint import find_checkpoints
 from trainer.plots import plot_depth, plot_grid, plot_layer_profiles, plot_loss_curves
 from trainer.tracking import read_metrics
@@ -81,9 +81,9 @@ def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str
     return f"{variant}-L{depth}-lr{lr:g}-wu{warmup}-s{seed}"
 
 
-# Flags that do not change what a run computes, so a finished run made with other values is still valid.
-BOOKKEEPING = {"out_dir", "resume", "overwrite", "keep_checkpoints", "use_wandb", "wandb_project", "wandb_run_name",
-               "wandb_group", "num_proc", "dist_timeout"}
+# Flags that do not change what a run computes (their role in trainer/args.py), so a finished run made with other
+# values is still valid.
+BOOKKEEPING = set(flags_with("bookkeeping"))
 
 
 def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict:

@@ -1,4 +1,4 @@
-"""Every training flag, its default and its check, in one place (the trainer and the ablation runner share it)."""
+"""Every training flag, its default, its check and its role, in one place (the trainer and the ablation runner share it)."""
 
 import argparse
 import os
@@ -124,6 +124,40 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--wandb_run_name", default=None, help="wandb run name (default: <variant>-s<seed>, e.g. pre-rmsnorm-s0)")
     log.add_argument("--wandb_group", default=None, help="wandb group (the ablation runner sets one per study)")
     return p
+
+
+# Every flag's role, declared once. The resume checks (trainer/resume.py), the ablation runner's reuse of finished
+# runs and model_config() derive from it, and a test fails for a flag without one.
+ARCH = "arch"  # a model-config field: on --resume the checkpoint's model decides, and a value given must agree
+FIXED = "fixed"  # changes what the run computes and cannot change mid-run: must match on --resume
+DATA = "data"  # names the data; --resume compares the data's fingerprint (these flags only for older checkpoints)
+ADJUSTABLE = "adjustable"  # changes what the run computes or records, but may change on --resume (a longer run)
+BOOKKEEPING = "bookkeeping"  # where and how a run is kept and watched: never changes what it computes
+FLAG_ROLES = {
+    "data_path": DATA, "text_field": DATA, "tokenizer_path": DATA, "streaming": ADJUSTABLE, "max_seq_len": FIXED,
+    "hidden_size": ARCH, "num_hidden_layers": ARCH, "num_attention_heads": ARCH, "num_key_value_heads": ARCH,
+    "norm": ARCH, "norm_position": ARCH, "mix_ln_fraction": ARCH, "norm_scaling": ARCH, "qk_norm": ARCH,
+    "dyt_alpha_init": ARCH, "dyt_alpha_init_attn": ARCH, "dyt_alpha_init_mlp": ARCH, "dyt_alpha_init_final": ARCH,
+    "max_steps": ADJUSTABLE, "batch_size": FIXED, "accumulation_steps": FIXED, "learning_rate": ADJUSTABLE,
+    "min_lr": ADJUSTABLE, "lr_decay_steps": ADJUSTABLE, "warmup_steps": ADJUSTABLE, "weight_decay": FIXED,
+    "grad_clip": ADJUSTABLE,
+    "out_dir": BOOKKEEPING, "device": ADJUSTABLE, "dtype": ADJUSTABLE, "compile": ADJUSTABLE, "seed": FIXED,
+    "log_interval": ADJUSTABLE, "eval_interval": ADJUSTABLE, "eval_steps": ADJUSTABLE, "save_interval": ADJUSTABLE,
+    "resume": BOOKKEEPING, "overwrite": BOOKKEEPING, "keep_checkpoints": BOOKKEEPING, "num_proc": BOOKKEEPING,
+    "dist_timeout": BOOKKEEPING,
+    "use_wandb": BOOKKEEPING, "wandb_project": BOOKKEEPING, "wandb_run_name": BOOKKEEPING, "wandb_group": BOOKKEEPING,
+}
+# An architecture flag sets the model-config field of its name, except these.
+CONFIG_FIELD = {"norm": "norm_type"}
+
+
+def flags_with(role: str) -> tuple[str, ...]:
+    return tuple(flag for flag, r in FLAG_ROLES.items() if r == role)
+
+
+def config_fields() -> dict[str, str]:
+    """Each architecture flag and the model-config field it sets."""
+    return {flag: CONFIG_FIELD.get(flag, flag) for flag in flags_with(ARCH)}
 
 
 POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "num_hidden_layers",

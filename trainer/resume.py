@@ -7,18 +7,16 @@ from common.cli import UserError
 from common.fs import write_file_atomically
 from data import PackedTokens, tokenizer_fingerprint
 from model import MiniMindConfig
+from trainer.args import DATA, FIXED, config_fields, flags_with
 from trainer.tracking import read_metrics
 
 # Flags a checkpoint must be resumed with: another batch shape, seed (its RNG states are restored instead) or
 # weight decay (the optimizer state carries its own) would not continue the same run.
-RESUME_MUST_MATCH = ("max_seq_len", "batch_size", "accumulation_steps", "seed", "weight_decay")
+RESUME_MUST_MATCH = flags_with(FIXED)
 # The architecture comes from the checkpoint: each flag and its name in the model config.
-ARCHITECTURE = {"norm": "norm_type", **{flag: flag for flag in (
-    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "norm_position",
-    "mix_ln_fraction", "norm_scaling", "qk_norm", "dyt_alpha_init", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
-    "dyt_alpha_init_final")}}
+ARCHITECTURE = config_fields()
 # What checkpoints from before data fingerprints compare instead: the flags naming the data and tokenizer.
-DATA_FLAGS = ("data_path", "text_field", "tokenizer_path")
+DATA_FLAGS = flags_with(DATA)
 
 
 def data_fingerprint(tokenizer, train_data: PackedTokens, val_data: PackedTokens) -> dict:

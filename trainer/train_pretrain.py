@@ -48,7 +48,7 @@ from data import (
 )
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.model_minimind import NORM_MODULES
-from trainer.args import device_defaults, parse_args
+from trainer.args import config_fields, device_defaults, parse_args
 from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, resolve_dtype
 from trainer.diagnostics import (
@@ -70,31 +70,20 @@ from trainer.tracking import Tracker, read_metrics
 
 def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
     """The architecture the flags ask for; checked before any data is touched, so a bad flag fails at once."""
+    fields = {field: getattr(args, flag) for flag, field in config_fields().items()}
+    fields["hidden_size"] = fields["hidden_size"] or device_defaults(device)["hidden_size"]
     try:
         config = MiniMindConfig(
             vocab_size=len(tokenizer),
-            hidden_size=args.hidden_size or device_defaults(device)["hidden_size"],
-            num_hidden_layers=args.num_hidden_layers,
-            num_attention_heads=args.num_attention_heads,
-            num_key_value_heads=args.num_key_value_heads,
-            norm_type=args.norm,
-            norm_position=args.norm_position,
-            mix_ln_fraction=args.mix_ln_fraction,
-            norm_scaling=args.norm_scaling,
-            qk_norm=args.qk_norm,
-            dyt_alpha_init=args.dyt_alpha_init,
-            dyt_alpha_init_attn=args.dyt_alpha_init_attn,
-            dyt_alpha_init_mlp=args.dyt_alpha_init_mlp,
-            dyt_alpha_init_final=args.dyt_alpha_init_final,
+            **fields,
             max_position_embeddings=args.max_seq_len,  # the context it is trained for; eval_llm.py respects it
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
         )
     except ValueError as err:  # name the flags, not the config fields
-        message = re.sub(r"\b(num_\w+|hidden_size|norm_position|norm_scaling|qk_norm|mix_ln_fraction|dyt_alpha_init\w*)\b",
-                         r"--\1", str(err))
-        raise UserError(re.sub(r"\bnorm_type\b", "--norm", message)) from err
+        flag_of = {field: flag for flag, field in config_fields().items()}
+        raise UserError(re.sub(rf"\b({'|'.join(flag_of)})\b", lambda m: f"--{flag_of[m[1]]}", str(err))) from err
     return config
 
 
