@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils import benchmark
 
 from common.cli import ArgumentParser, UserError, require_positive, run_cli
+from common.environment import environment
 from model.model_minimind import RMSNorm
 from model.rmsnorm_kernels import IMPLEMENTATIONS, implementation_for
 from trainer.device import pick_device
@@ -236,7 +237,8 @@ def main() -> None:
             "device_name": device_name,
             "model_paths": {d: implementation_for(args.device, DTYPES[d]) for d in dtypes},
         }
-        args.json.write_text(json.dumps({"config": config, "results": rows}, indent=2) + "\n")
+        payload = {"environment": environment(args.device), "config": config, "results": rows}
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
 
 

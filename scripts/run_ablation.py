@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from common.cli import ArgumentParser, UserError, run_cli
+from common.environment import describe, environment
 from data import load_tokenizer, prepare_split
 from model import NORM_TYPES, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
 from trainer.args import build_parser, fill_device_defaults, flags_with, validate
@@ -174,7 +175,8 @@ def report(study, base, groups: dict[tuple, list[dict]]) -> None:
     plot_loss_curves({label(*k): m for k, m in metrics.items()}, out / "loss_curves.png")
     plot_layer_profiles({label(*k): m[0] for k, m in metrics.items()
                          if any(r["split"] == "train" for r in m[0])}, out / "layers.png")
-    text = ["# Normalization ablation", "", f"Seeds: {study.seeds}. Values are mean ± std over seeds of the final "
+    text = ["# Normalization ablation", "", describe(environment()) + " Each run's own is in results.json.", "",
+            f"Seeds: {study.seeds}. Values are mean ± std over seeds of the final "
             "validation evaluation; a diverged run (non-finite loss) is excluded from the mean and counted. A run "
             f"plateaued when its final validation loss is within {PLATEAU_MARGIN} nats of a unigram model's "
             f"({unigram:.3f}: training-split token frequencies, scored on the validation split) or no lower than "

@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from common.cli import ArgumentParser, UserError, require_positive, run_cli
+from common.environment import environment
 from data import BatchSampler, load_tokenizer, prepare_split
 from model import VARIANTS
 from trainer.args import build_parser
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
 
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"config": vars(args), "results": results,
+    payload = {"environment": environment(), "config": vars(args), "results": results,
                "theory": [dict(zip(("variant", "claim", "measured", "agrees"), c, strict=True)) for c in checks]}
     (out / "signal_propagation.json").write_text(json.dumps(payload, indent=1))
     plot_signal_propagation(results, out / "signal_propagation.png")

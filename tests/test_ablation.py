@@ -119,7 +119,9 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study, capsys):
         ("post-layernorm", "post", "layernorm", 0, 2), ("post-layernorm", "post", "layernorm", 1, 2),
         ("pre-rmsnorm", "pre", "rmsnorm", 0, 2), ("pre-rmsnorm", "pre", "rmsnorm", 1, 2)]
     assert all(r["step"] == 4 and not r["diverged"] for r in runs)
+    assert all(r["environment"]["torch"] == torch.__version__ for r in runs)  # each run's own, from its summary
     table = (out / "results.md").read_text()
+    assert table.splitlines()[2].startswith("Produced ") and f"torch {torch.__version__}" in table.splitlines()[2]
     rows = [line for line in table.splitlines() if line.startswith("| pre-") or line.startswith("| post-")]
     assert len(rows) == 2 and all(row.startswith(("| pre-rmsnorm | 2 |", "| post-layernorm | 2 |")) and " ± " in row
                                   and "| 0/2 |" in row for row in rows)

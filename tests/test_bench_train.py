@@ -1,3 +1,4 @@
+import json
 import re
 import subprocess
 import sys
@@ -31,8 +32,14 @@ def check_rows(out: str, modes: list[str]) -> None:
         assert (row[4] == "-") == (mode == "eager")
 
 
-def test_bench_train_eager_rows_and_their_ratio():
-    check_rows(bench("--modes", "eager"), ["eager"])
+def test_bench_train_eager_rows_and_their_ratio(tmp_path):
+    out = bench("--modes", "eager", "--json", str(tmp_path / "bench.json"))
+    check_rows(out, ["eager"])
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["environment"]["threads"] >= 1 and data["environment"]["device"]
+    rows = {(m[0], m[1]): m for m in ROW.findall(out)}
+    assert [(r["model"], r["mode"]) for r in data["results"]] == [("minimind", "eager"), ("llama", "eager")]
+    assert all(round(r["tokens_per_s"]) == int(rows[r["model"], r["mode"]][2]) for r in data["results"])
 
 
 @pytest.mark.slow

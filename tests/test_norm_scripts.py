@@ -207,6 +207,7 @@ def test_bench_norms_script(tmp_path):
 
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["config"]["tokens"] == 64 and data["config"]["hidden"] == 32
+    assert data["environment"]["torch"] == torch.__version__ and data["environment"]["threads"] >= 1
     rows = data["results"]
     for dtype, torch_dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
         path = kernels.implementation_for("cpu", torch_dtype)

@@ -240,6 +240,7 @@ def test_records_state_what_the_run_used(base_run):
     assert summary["hidden_size"] == 32 and summary["norm"] == summary["args"]["norm"] == "rmsnorm"
     assert summary["data"] == state["data"] and len(summary["data"]["train"]["sha256"]) == 64
     assert state["args"] == summary["args"]
+    assert summary["environment"]["torch"] == torch.__version__ and summary["environment"]["device"]
 
 
 def test_a_finished_run_says_so_and_keeps_its_summary(base_run, tmp_path, run, capsys):

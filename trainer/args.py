@@ -1,4 +1,4 @@
-"""Every training flag, its default, its check and its role, in one place (the trainer and the ablation runner share it)."""
+"""Every training flag: its default, check and role, in one place (the trainer and the ablation runner share it)."""
 
 import argparse
 import os

@@ -37,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from common.cli import UserError, cannot_write, run_cli
+from common.environment import environment
 from common.fs import write_file_atomically
 from data import (
     HOLDOUT_EVERY,
@@ -446,7 +447,7 @@ def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting
         "num_params": costs.num_params, "norm_params": costs.norm_params, "num_norms": costs.num_norms,
         "norm": cfg.norm_type, "norm_position": cfg.norm_position, "variant": norm_variant(cfg),
         "hidden_size": cfg.hidden_size, "seed": args.seed, "out_dir": str(out_dir), "args": vars(args),
-        "data": splits.fingerprint,
+        "data": splits.fingerprint, "environment": environment(job.device),
     })
     try:
         write_file_atomically(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=1).encode()))
