@@ -77,7 +77,7 @@ def measure(model_args, variant: str, depth: int, tokenizer, x: torch.Tensor, y:
     stats = layer_stats(model, x)
     loss = model(input_ids=x, shift_labels=y).loss
     loss.backward()
-    grads = block_grad_norms(model.model.layers)
+    grads = block_grad_norms(model.model.layers).tolist()
     # largest over smallest block gradient: 1 when every block would learn at the same rate
     spread = max(grads) / min(grads) if min(grads) > 0 else math.inf
     return {"variant": variant, "depth": depth, "loss": loss.item(), **stats, "layer_grad_norm": grads,

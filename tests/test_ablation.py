@@ -18,7 +18,7 @@ from trainer.args import build_parser
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import model_config
 
-TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--num_key_value_heads", "1",
+TINY = ["--device", "cpu", "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--num_key_value_heads", "1",
         "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "2", "--num_proc", "1", "--log_interval", "2"]
 
 

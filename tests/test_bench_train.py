@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_train.py"
-TINY = ["--hidden_size", "32", "--num_hidden_layers", "1", "--batch_size", "1", "--seq_len", "16", "--steps", "1",
+TINY = ["--device", "cpu", "--hidden_size", "32", "--num_hidden_layers", "1", "--batch_size", "1", "--seq_len", "16", "--steps", "1",
         "--rounds", "2"]
 ROW = re.compile(r"^(minimind|llama)\s+(eager|compiled)\s+(\d+)\s+([\d.]+)\s+(\S+)\s+(\S+)$", re.M)
 

@@ -152,7 +152,7 @@ def test_trainer_logs_every_diagnostic_per_layer(tmp_path, tiny_corpus, tiny_tok
         "--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, "--hidden_size", "32",
         "--num_hidden_layers", "3", "--num_attention_heads", "2", "--num_key_value_heads", "1", "--max_seq_len", "16",
         "--batch_size", "2", "--eval_steps", "1", "--num_proc", "1", "--max_steps", "4", "--log_interval", "2",
-        "--eval_interval", "4", "--out_dir", str(tmp_path / "run")])
+        "--eval_interval", "4", "--device", "cpu", "--out_dir", str(tmp_path / "run")])
     assert not train(args)["diverged"]
     logged = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in logged] == [2, 4]

@@ -40,7 +40,7 @@ def run_dir(tmp_path_factory, cache_env, tiny_corpus, tiny_tokenizer_dir) -> Pat
         [sys.executable, str(REPO / "trainer" / "train_pretrain.py"), "--data_path", tiny_corpus,
          "--tokenizer_path", tiny_tokenizer_dir, *(f"--{k}={v}" for k, v in TINY.items() if k != "vocab_size"),
          "--max_seq_len=32", "--batch_size=4", "--max_steps=40", "--learning_rate=1e-2", "--warmup_steps=5",
-         "--num_proc=1", "--out_dir", str(out)],
+         "--num_proc=1", "--device=cpu", "--out_dir", str(out)],
         env=cache_env, capture_output=True, text=True, cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -95,7 +95,7 @@ def test_greedy_equals_model_generate(which, run_dir, post_dir, capsys):
     expected = reference_greedy(lm, tokenizer, PROMPT, GREEDY.max_new_tokens)
     assert generate_text(lm, tokenizer, PROMPT, GREEDY) == expected
     # The CLI prints the prompt, then the streamed continuation.
-    main(["--model_path", str(path), "--prompt", PROMPT, "--temperature", "0", "--max_new_tokens", "16"])
+    main(["--device", "cpu", "--model_path", str(path), "--prompt", PROMPT, "--temperature", "0", "--max_new_tokens", "16"])
     assert capsys.readouterr().out == PROMPT + expected + "\n\n"
 
 
@@ -151,7 +151,7 @@ def test_compare_uses_one_seed_and_prints_every_checkpoint(run_dir, post_dir, ti
         assert result.continuations == [generate_text(lm, tokenizer, p, sampled) for p in prompts]
         expected_greedy[path.name] = [generate_text(lm, tokenizer, p, greedy) for p in prompts]
 
-    main(["--model_path", str(run_dir), "--compare", str(post_dir), *(a for p in prompts for a in ("--prompt", p)),
+    main(["--device", "cpu", "--model_path", str(run_dir), "--compare", str(post_dir), *(a for p in prompts for a in ("--prompt", p)),
           "--temperature", "0", "--max_new_tokens", "12", "--eval_data", tiny_corpus, "--seq_len", "16"])
     out = capsys.readouterr().out
     blocks = out.split("=== prompt ")[1:]

@@ -18,7 +18,8 @@ from trainer.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(REPO / "trainer" / "train_pretrain.py")]
-TINY_MODEL = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2",
+# --device cpu: these tests assert CPU arithmetic (bitwise resume, fp32 tolerances); tests/test_cuda.py has the GPU's
+TINY_MODEL = ["--device", "cpu", "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2",
               "--num_key_value_heads", "1", "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "2",
               "--num_proc", "1"]
 

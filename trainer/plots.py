@@ -21,14 +21,15 @@ LAYER_PANELS = (
 
 
 def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
-    """Each per-layer statistic against block index at the last logged step, one line per run (a statistic a
-    run did not log, for example one written before it existed, is left out of that run's panel)."""
+    """Each per-layer statistic against block index at the last step that recorded it (the trainer's diagnostic
+    steps, --diag_interval), one line per run (a statistic a run never logged, for example one written before it
+    existed, is left out of that run's panel)."""
     fig, axes = plt.subplots(2, 3, figsize=(14, 7))
     for ax, (key, title, scale) in zip(axes.flat, LAYER_PANELS, strict=False):
         for name, records in runs.items():
-            last = [r for r in records if r["split"] == "train"][-1]
-            if last.get(key) is not None:
-                ax.plot(np.arange(len(last[key])), last[key], marker="o", label=name)
+            last = next((r[key] for r in reversed(records) if r["split"] == "train" and r.get(key) is not None), None)
+            if last is not None:
+                ax.plot(np.arange(len(last)), last, marker="o", label=name)
         ax.set(title=title, xlabel="block", yscale=scale)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)

@@ -17,14 +17,19 @@ def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, t
     rather than holding its devices forever."""
     device = pick_device(device_name)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and device.type == "cuda":
+        device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
+    if device.type == "cuda" and device.index is not None:
+        # The current device is what CUDA calls without an explicit device use (RNG state at saves, bf16 support,
+        # pinned memory): --device cuda:1 must not also open a context on GPU 0.
+        torch.cuda.set_device(device)
     if world_size == 1:
         return 0, 1, device
-    if device.type == "cuda":
-        device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
-        torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # device_id binds NCCL's communicator to this rank's GPU at once (no "best-guess GPU" at the first barrier)
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(minutes=timeout_min))
+                                timeout=timedelta(minutes=timeout_min),
+                                device_id=device if device.type == "cuda" else None)
     return dist.get_rank(), world_size, device
 
 

@@ -176,7 +176,9 @@ class TrainState:
     scaler: torch.amp.GradScaler
     sampler: Prefetcher
     step: int = 0
-    train_time: float = 0.0
+    train_time: float = 0.0  # seconds of training, without the warm-up steps (below), evaluations and saves
+    compile_time: float = 0.0  # seconds of the warm-up steps: the first step of each process, which compiles
+    untimed_steps: int = 0  # how many warm-up steps there were (one per start: the first run and each resume)
     run_id: str | None = None  # the wandb run a resumed run continues
     diverged: bool = False
     interrupted: bool = False
@@ -231,9 +233,16 @@ def start_or_resume(job: Job, config: MiniMindConfig | None, splits: Splits) -> 
     state = TrainState(raw_model, raw_model, optimizer, scaler, sampler)
     if saved is not None:
         optimizer.load_state_dict(saved["optimizer"])
-        scaler.load_state_dict(saved["scaler"])
+        if scaler.is_enabled() and not saved["scaler"]:  # bf16 and fp32 runs have no loss scale to carry over
+            if job.master:
+                print("note: --resume: the checkpoint was trained without float16's loss scaling; float16 starts "
+                      "from a fresh GradScaler", file=sys.stderr)
+        else:  # a disabled scaler ignores a saved state (an fp16 checkpoint resumed in bf16 or fp32)
+            scaler.load_state_dict(saved["scaler"])
         sampler.load_state_dict(saved["sampler"][job.rank])
         state.step, state.train_time, state.run_id = saved["step"], saved["train_time"], saved["wandb_run_id"]
+        # (checkpoints from before warm-up was timed apart have neither)
+        state.compile_time, state.untimed_steps = saved.get("compile_time", 0.0), saved.get("untimed_steps", 0)
         set_rng_state(saved["rng"])
 
     if args.compile:
@@ -254,6 +263,8 @@ def finished_summary(job: Job, state: TrainState) -> dict:
 def account(job: Job, raw_model: MiniMindForCausalLM) -> Accounting:
     """Count the model and price its step; refuse a step that cannot fit in the device's memory."""
     args, cfg = job.args, raw_model.config
+    if job.device.type == "cuda":  # peak_mem_mb is this run's, also when a process trains many (the ablation runner)
+        torch.cuda.reset_peak_memory_stats(job.device)
     num_params = sum(p.numel() for p in raw_model.parameters())
     require_step_fits(cfg, num_params, args.batch_size, args.max_seq_len, job.dtype, job.device)
     norm_params = sum(p.numel() for m in raw_model.modules() if isinstance(m, NORM_MODULES) for p in m.parameters())
@@ -304,7 +315,8 @@ def save(job: Job, splits: Splits, state: TrainState, tracker: Tracker | None) -
     if job.master:
         save_checkpoint(job.out_dir, state.raw_model, job.tokenizer, {
             "step": state.step, "optimizer": state.optimizer.state_dict(), "scaler": state.scaler.state_dict(),
-            "sampler": samplers, "train_time": state.train_time, "wandb_run_id": tracker.run_id,
+            "sampler": samplers, "train_time": state.train_time, "compile_time": state.compile_time,
+            "untimed_steps": state.untimed_steps, "wandb_run_id": tracker.run_id,
             "args": vars(job.args), "data": splits.fingerprint,
         }, job.args.keep_checkpoints)
 
@@ -329,6 +341,7 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
     mixed_precision, world_size, master = job.mixed_precision, job.world_size, job.master
     stop = StopFlag()
     window_steps, window_start = 0, state.train_time
+    warming_up, window_untimed = True, 0
     # The host reads the device only on steps that log, evaluate or save (or when asked to stop), so in between
     # it queues work without waiting for the GPU. Until then the loss sums up on the device, and so does the
     # index of the first step whose loss or gradient was non-finite (inf while there is none): from that step
@@ -345,7 +358,9 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
                 group["lr"] = lr
             done = state.step + 1
             # Decided alike on every rank, since all take part in the reductions at these steps.
-            log_now = done % args.log_interval == 0 or done == args.max_steps
+            diag_step = done % args.diag_interval == 0 or done == args.max_steps  # per-block diagnostics, also logged
+            log_now = done % args.log_interval == 0 or done == args.max_steps or diag_step
+            diag_now = diag_step and master
             eval_now = done % args.eval_interval == 0 or done == args.max_steps
             save_now = done % args.save_interval == 0 or done == args.max_steps
             loss_sum = torch.zeros((), device=device)
@@ -354,13 +369,12 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
                 last_micro = micro == args.accumulation_steps - 1
                 # Gradients are all-reduced only on the last micro-step; the others just accumulate locally.
                 sync = nullcontext() if last_micro or world_size == 1 else model.no_sync()
-                with sync, mixed_precision:
-                    out = model(input_ids=x, shift_labels=y)
-                    loss = out.loss / args.accumulation_steps
+                with sync, mixed_precision:  # the logits are not kept: freed before the backward needs its memory
+                    loss = model(input_ids=x, shift_labels=y).loss / args.accumulation_steps
                 scaler.scale(loss).backward()
                 loss_sum += loss.detach()
             scaler.unscale_(optimizer)
-            layer_grads = block_grad_norms(raw_model.model.layers) if log_now and master else None  # before clipping
+            layer_grads = block_grad_norms(raw_model.model.layers) if diag_now else None  # before clipping, on the device
             grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip or math.inf)
             # Divergence is a non-finite loss, or a non-finite gradient unless fp16's GradScaler is on: there an
             # overflowing gradient is routine, the step is skipped and the scale lowered.
@@ -374,6 +388,17 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
             window_steps += 1
             state.step += 1
             pbar.update(1)
+            if warming_up:
+                # The first step of a process compiles (--compile) and warms the device up (cuBLAS and attention
+                # plans, the allocator's first blocks): timed apart, once the device has finished it, so that
+                # train_time and tokens/s measure training alone.
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                now = time.perf_counter()
+                state.compile_time += now - t0
+                t0 = now
+                state.untimed_steps += 1
+                warming_up, window_untimed = False, 1
             if not (log_now or eval_now or save_now or (world_size == 1 and stop.requested)):
                 continue
 
@@ -396,22 +421,27 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
 
             if log_now:
                 if master:
-                    window_time = max(state.train_time - window_start, 1e-9)
-                    tokens_per_s = window_steps * costs.tokens_per_step / window_time
+                    # speed over the window's timed steps (a window holding only the warm-up step has none)
+                    timed, window_time = window_steps - window_untimed, state.train_time - window_start
+                    tokens_per_s = timed * costs.tokens_per_step / window_time if timed and window_time else None
                     peak = costs.peak_flops
                     record = {
                         "step": state.step, "split": "train", "loss": window_mean, "lr": lr,
                         "grad_norm": grad_norm.item(), "tokens_per_s": tokens_per_s,
-                        "mfu": costs.step_flops * window_steps / window_time / peak if peak else None,
+                        "mfu": tokens_per_s * costs.step_flops / costs.tokens_per_step / peak
+                        if peak and tokens_per_s else None,
                         "peak_mem_mb": peak_memory_mb(device), "train_time_s": state.train_time,
-                        "tokens": state.step * costs.tokens_per_step,
-                        "layer_grad_norm": layer_grads,
-                        # untimed: an extra no-grad forward of the last micro-batch at the updated weights
-                        **layer_stats(raw_model, x, mixed_precision),
+                        "compile_time_s": state.compile_time, "tokens": state.step * costs.tokens_per_step,
                     }
+                    if diag_now:
+                        record["layer_grad_norm"] = layer_grads.tolist()
+                        # untimed: an extra no-grad forward of the last micro-batch at the updated weights
+                        record.update(layer_stats(raw_model, x, mixed_precision))
                     tracker.log(record)
-                    pbar.set_postfix(loss=f"{window_mean:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:.0f}")
+                    pbar.set_postfix(loss=f"{window_mean:.3f}", lr=f"{lr:.1e}",
+                                     tok_s=f"{tokens_per_s:.0f}" if tokens_per_s else "-")
                 window_loss, window_steps, window_start = torch.zeros((), device=device), 0, state.train_time
+                window_untimed = 0
             if eval_now:
                 state.last_val = run_eval(job, splits, state, tracker)
             if save_now or state.interrupted:
@@ -428,6 +458,7 @@ def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting
     """Every rank returns the outcome (the same on all, it was all-reduced); rank 0 adds the numbers, writes them
     to summary.json and plots the layer profiles."""
     args, out_dir, cfg, step, train_time = job.args, job.out_dir, state.raw_model.config, state.step, state.train_time
+    timed = step - state.untimed_steps
     summary = {"step": step, "max_steps": args.max_steps, "diverged": state.diverged, "interrupted": state.interrupted}
     if not job.master:
         return summary
@@ -442,8 +473,10 @@ def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting
     summary.update({
         "train_loss": train_records[-1]["loss"] if train_records else None,
         "val_loss": last_val["loss"] if last_val else None, "val_bpb": last_val["bpb"] if last_val else None,
-        "tokens_per_s": step * costs.tokens_per_step / train_time if train_time else None,
-        "s_per_step": train_time / step if step else None, "train_time_s": train_time,
+        # over the timed steps: the warm-up step of each start is in compile_time_s instead
+        "tokens_per_s": timed * costs.tokens_per_step / train_time if timed and train_time else None,
+        "s_per_step": train_time / timed if timed else None, "train_time_s": train_time,
+        "compile_time_s": state.compile_time,
         "num_params": costs.num_params, "norm_params": costs.norm_params, "num_norms": costs.num_norms,
         "norm": cfg.norm_type, "norm_position": cfg.norm_position, "variant": norm_variant(cfg),
         "hidden_size": cfg.hidden_size, "seed": args.seed, "out_dir": str(out_dir), "args": vars(args),
