@@ -56,8 +56,8 @@ def pretrain_numbers(run_dir: Path):
         if not summary_file.is_file():
             return {}
         summary = json.loads(summary_file.read_text())
-        train = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-                 if '"split": "train"' in line]
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        train = [r for r in records if r["split"] == "train"]
         keys = ("step", "tokens_per_s", "s_per_step", "train_time_s", "compile_time_s", "train_loss", "val_loss",
                 "val_bpb", "num_params")
         return {**{k: summary.get(k) for k in keys},

@@ -85,6 +85,8 @@ def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str
 # Flags that do not change what a run computes (their role in trainer/args.py), so a finished run made with other
 # values is still valid.
 BOOKKEEPING = set(flags_with("bookkeeping"))
+# Flags added after runs were recorded, and the value such a run had in effect (compared when its args lack one).
+RECORDED_BEFORE = {"diag_interval": lambda saved: saved.get("log_interval")}
 
 
 def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict:
@@ -106,8 +108,9 @@ def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed:
     done = out_dir / "summary.json"
     if done.exists():
         summary = json.loads(done.read_text())
-        changed = sorted(k for k, v in vars(args).items()
-                         if k not in BOOKKEEPING and summary.get("args", {}).get(k) != v)
+        saved = summary.get("args", {})
+        changed = sorted(k for k, v in vars(args).items() if k not in BOOKKEEPING and saved.get(
+            k, RECORDED_BEFORE[k](saved) if k in RECORDED_BEFORE else None) != v)
         if changed:
             raise UserError(f"{out_dir} was trained with other values of --{', --'.join(changed)}; "
                             "use a new --out_dir for a different study")

@@ -136,6 +136,15 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study, capsys):
     study("--variants", "pre-rmsnorm", "post-layernorm", "--seeds", "0", "1", "--max_steps", "4",
           "--eval_interval", "4")
     assert "model:" not in capsys.readouterr().out
+    # ... also those recorded before --diag_interval existed, whose diagnostics came at every log step
+    for r in runs:
+        summary_file = Path(r["out_dir"]) / "summary.json"
+        summary = json.loads(summary_file.read_text())
+        del summary["args"]["diag_interval"]
+        summary_file.write_text(json.dumps(summary))
+    study("--variants", "pre-rmsnorm", "post-layernorm", "--seeds", "0", "1", "--max_steps", "4",
+          "--eval_interval", "4")
+    assert "model:" not in capsys.readouterr().out
     # ... but refuses to mix in runs made with other settings
     with pytest.raises(UserError, match="other values of --weight_decay"):
         study("--variants", "pre-rmsnorm", "--max_steps", "4", "--eval_interval", "4", "--weight_decay", "0.5")

@@ -122,3 +122,15 @@ def test_mfu_peak_of_this_device():
         assert peak is None, name
     elif known:
         assert peak is not None, f"{name!r} is not in PEAK_FLOPS"
+
+
+def test_peak_memory_is_each_runs_own(train_args):
+    """Runs in one process (as the ablation runner trains them): a small run after a large one reports its own
+    peak, not the large one's."""
+    large = tp.train(train_args("--max_steps", 2, "--batch_size", 64, "--log_interval", 2, out="large"))
+    small = tp.train(train_args("--max_steps", 2, "--batch_size", 2, "--log_interval", 2, out="small"))
+
+    def peak(summary):
+        return max(r["peak_mem_mb"] for r in read_metrics(summary["out_dir"] + "/metrics.jsonl")
+                   if r["split"] == "train")
+    assert peak(small) < peak(large)
