@@ -146,6 +146,15 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
+def speed(runs: list[dict]) -> tuple[str, str]:
+    """Mean tokens/s and s/step of the runs that timed a step (a one-step run has only its warm-up step)."""
+    timed = [r for r in runs if r["tokens_per_s"] is not None]
+    if not timed:
+        return "—", "—"
+    return (f"{statistics.mean(r['tokens_per_s'] for r in timed):.0f}",
+            f"{statistics.mean(r['s_per_step'] for r in timed):.3f}")
+
+
 def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
     head = ["variant", "layers", *(["lr", "warmup"] if grid else []), "val loss", "val bpb", "tokens/s", "s/step",
             "norm params", "diverged", "plateaued"]
@@ -154,8 +163,7 @@ def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
         ok = [r for r in runs if not r["diverged"] and r["val_loss"] is not None]
         row = [variant, str(depth), *([f"{lr:g}", str(warmup)] if grid else []),
                mean_std([r["val_loss"] for r in ok]), mean_std([r["val_bpb"] for r in ok]),
-               f"{statistics.mean(r['tokens_per_s'] for r in ok):.0f}" if ok else "—",
-               f"{statistics.mean(r['s_per_step'] for r in ok):.3f}" if ok else "—",
+               *speed(ok),
                f"{runs[0]['norm_params']:,}", f"{sum(r['diverged'] for r in runs)}/{len(runs)}",
                f"{sum(r['plateaued'] for r in runs)}/{len(runs)}"]
         lines.append("| " + " | ".join(row) + " |")

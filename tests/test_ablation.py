@@ -200,3 +200,12 @@ def test_unigram_loss_is_the_smoothed_frequency_model(tmp_path, tiny_corpus, tin
     counts = Counter(train)
     expected = -sum(math.log((counts[t] + 1) / (len(train) + len(tokenizer))) for t in val) / len(val)
     assert run_ablation.unigram_loss(base) == pytest.approx(expected, rel=1e-9)
+
+
+def test_speed_columns_leave_out_runs_without_a_timed_step():
+    """A one-step run's only step is its warm-up (timed apart as compile time), so it has no tokens/s."""
+    run = {"diverged": False, "val_loss": 2.0, "val_bpb": 1.0, "norm_params": 10, "plateaued": False}
+    runs = [{**run, "tokens_per_s": None, "s_per_step": None}, {**run, "tokens_per_s": 100.0, "s_per_step": 0.5}]
+    table = run_ablation.results_table({("pre-rmsnorm", 2, 1e-3, 10): runs}, grid=False)
+    assert "| 100 | 0.500 |" in table
+    assert "| — | — |" in run_ablation.results_table({("pre-rmsnorm", 2, 1e-3, 10): runs[:1]}, grid=False)

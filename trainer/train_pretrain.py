@@ -458,7 +458,7 @@ def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting
     """Every rank returns the outcome (the same on all, it was all-reduced); rank 0 adds the numbers, writes them
     to summary.json and plots the layer profiles."""
     args, out_dir, cfg, step, train_time = job.args, job.out_dir, state.raw_model.config, state.step, state.train_time
-    timed = step - state.untimed_steps
+    timed = max(step - state.untimed_steps, 0)  # (a run that diverged in its first step has none)
     summary = {"step": step, "max_steps": args.max_steps, "diverged": state.diverged, "interrupted": state.interrupted}
     if not job.master:
         return summary
