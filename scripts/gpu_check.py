@@ -46,7 +46,7 @@ def pytest_numbers(out_dir: Path, stdout: str) -> dict:
 
 def bench_numbers(path: Path):
     def read(out_dir: Path, stdout: str) -> dict:
-        return {"rows": json.loads(path.read_text()).get("rows")} if path.is_file() else {}
+        return {"rows": json.loads(path.read_text()).get("results")} if path.is_file() else {}
     return read
 
 
