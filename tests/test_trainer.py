@@ -78,15 +78,19 @@ def test_short_run_loss_falls_and_checkpoint_loads(trained_run):
     assert (out / "checkpoint" / "tokenizer.json").is_file() and (out / "layers.png").is_file()
 
 
-def test_exact_resume(tmp_path, env, tiny_args, capsys):
+def straight_and_in_halves(tmp_path, tiny_args, resume) -> tuple[list, Path, Path]:
+    """8 steps straight, and 4 steps then a --resume to 8 on the same schedule, the resume run by resume(flags)."""
     common = [*tiny_args, "--log_interval", 1, "--eval_interval", 100, "--save_interval", 100,
               "--learning_rate", 3e-3, "--warmup_steps", 2]
     straight, halves = tmp_path / "straight", tmp_path / "halves"
     train_in_process([*common, "--out_dir", straight, "--max_steps", 8])
     train_in_process([*common, "--out_dir", halves, "--max_steps", 4, "--lr_decay_steps", 8])
-    # The second half in a fresh process: only what the checkpoint holds carries over.
-    second = run([*common, "--out_dir", halves, "--max_steps", 8, "--lr_decay_steps", 8, "--resume"], env)
-    assert second.returncode == 0, second.stderr[-2000:]
+    resume([*common, "--out_dir", halves, "--max_steps", 8, "--lr_decay_steps", 8, "--resume"])
+    return common, straight, halves
+
+
+def test_exact_resume(tmp_path, tiny_args, capsys):
+    common, straight, halves = straight_and_in_halves(tmp_path, tiny_args, train_in_process)
     assert len(losses(straight)) == 8
     assert losses(halves) == losses(straight)  # bit-identical, step by step
     a = load_file(straight / "checkpoint" / "model.safetensors")
@@ -98,6 +102,21 @@ def test_exact_resume(tmp_path, env, tiny_args, capsys):
     status, lines = refused([*common, "--out_dir", halves, "--max_steps", 12, "--resume", "--batch_size", 2], capsys)
     assert status == 2 and "--batch_size" in lines[-1] and lines[-1].startswith("error:")
     assert (halves / "checkpoint").resolve().name == "step-000008"
+
+
+@pytest.mark.slow  # a fresh interpreter for the second half
+def test_exact_resume_in_a_fresh_process(tmp_path, env, tiny_args):
+    """The same, with the second half in another process: only what the checkpoint holds carries over."""
+    def in_a_fresh_process(flags):
+        result = run(flags, env)
+        assert result.returncode == 0, result.stderr[-2000:]
+
+    _, straight, halves = straight_and_in_halves(tmp_path, tiny_args, in_a_fresh_process)
+    assert len(losses(straight)) == 8
+    assert losses(halves) == losses(straight)  # bit-identical, step by step
+    a = load_file(straight / "checkpoint" / "model.safetensors")
+    b = load_file(halves / "checkpoint" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.slow  # an inductor compile: 80 s on 2 busy cores
@@ -142,6 +161,7 @@ def test_divergence_stops_with_clear_message_and_keeps_checkpoint(tmp_path, tiny
     assert all(torch.isfinite(t).all() for t in load_file(out / "checkpoint" / "model.safetensors").values())
 
 
+@pytest.mark.slow  # a fresh interpreter and wandb's own service process
 def test_metrics_file_and_offline_wandb_run(tmp_path, env, tiny_args):
     out = tmp_path / "run"
     result = run([*tiny_args, "--out_dir", out, "--max_steps", 6, "--log_interval", 2, "--eval_interval", 3,
