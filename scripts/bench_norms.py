@@ -173,7 +173,7 @@ def print_model_paths(rows: list[dict], device: str) -> None:
         print(line)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = ArgumentParser(description=__doc__)
     p.add_argument(
         "--tokens", type=int, default=4 * 256, help="rows of the activation: batch * seq"
@@ -190,7 +190,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: torch's own count); 1 is steadier on a machine shared with other work")
     p.add_argument("--json", type=Path, help="also write the config and every row to this JSON file")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     require_positive(args, ("tokens", "hidden", "iters", "threads"))
     if args.threads:

@@ -61,7 +61,7 @@ def time_round(step, steps: int, device) -> float:
     return time.perf_counter() - t
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = ArgumentParser(description=__doc__)
     p.add_argument("--hidden_size", type=int, default=512, help="model width (512 = MiniMind2-small)")
     p.add_argument("--num_hidden_layers", type=int, default=8, help="number of blocks")
@@ -73,7 +73,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
     p.add_argument("--json", type=Path, help="also write the flags, the machine and every row to this JSON file")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     require_positive(args, ("hidden_size", "num_hidden_layers", "batch_size", "seq_len", "steps", "rounds"))
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):

@@ -18,19 +18,15 @@ from trainer.args import build_parser
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import model_config
 
-TINY = ["--device", "cpu", "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--num_key_value_heads", "1",
-        "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "2", "--num_proc", "1", "--log_interval", "2"]
-
 
 @pytest.fixture
-def study(tmp_path, tiny_corpus, tiny_tokenizer_dir, monkeypatch):
+def study(tmp_path, tiny_flags, monkeypatch):
     """Run the runner's main() on the tiny corpus with the given flags; returns the study folder."""
     monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "study"
 
     def run(*flags: str) -> Path:
-        run_ablation.main(["--out_dir", str(out), "--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir,
-                           *TINY, *flags])
+        run_ablation.main(["--out_dir", str(out), *tiny_flags, "--log_interval", "2", *flags])
         return out
     return run
 

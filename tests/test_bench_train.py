@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from common.cli import run_cli
+from scripts import bench_train
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_train.py"
 TINY = ["--device", "cpu", "--hidden_size", "32", "--num_hidden_layers", "1", "--batch_size", "1", "--seq_len", "16", "--steps", "1",
         "--rounds", "2"]
@@ -42,7 +45,7 @@ def test_bench_train_eager_rows_and_their_ratio(tmp_path):
     assert all(round(r["tokens_per_s"]) == int(rows[r["model"], r["mode"]][2]) for r in data["results"])
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # inductor compiles both models
 def test_bench_train_compiled_rows_report_compile_time():
     out = bench()
     check_rows(out, ["eager", "compiled"])
@@ -55,6 +58,7 @@ def test_bench_train_compiled_rows_report_compile_time():
     (["--rounds", "0"], "error: --rounds must be a positive integer, got 0"),
     (["--modes", "eager,jit"], "error: --modes: unknown ['jit']; allowed: ['eager', 'compiled']"),
 ])
-def test_bench_train_rejects_bad_flags(flags, message):
-    result = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True)
-    assert result.returncode == 2 and result.stderr.strip() == message
+def test_bench_train_rejects_bad_flags(flags, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: bench_train.main(flags))
+    assert stopped.value.code == 2 and capsys.readouterr().err.strip() == message

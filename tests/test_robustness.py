@@ -34,10 +34,9 @@ from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--device", "cpu", "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--num_key_value_heads", "1",
-        "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "1", "--num_proc", "1", "--log_interval", "1",
-        "--eval_interval", "2", "--save_interval", "2", "--warmup_steps", "1", "--learning_rate", "3e-3",
-        "--lr_decay_steps", "8"]  # one schedule, whatever --max_steps, so resumed runs can be compared
+# Added to the tiny model's flags: one schedule, whatever --max_steps, so resumed runs can be compared.
+SCHEDULE = ["--eval_steps", "1", "--log_interval", "1", "--eval_interval", "2", "--save_interval", "2",
+            "--warmup_steps", "1", "--learning_rate", "3e-3", "--lr_decay_steps", "8"]
 
 
 @pytest.fixture(autouse=True)
@@ -49,23 +48,22 @@ def token_cache(tmp_path_factory, monkeypatch) -> Path:
 
 
 @pytest.fixture
-def run(tiny_corpus, tiny_tokenizer_dir):
+def run(tiny_corpus, tiny_tokenizer_dir, tiny_model_flags):
     """run(out_dir, *flags): one in-process training run on the tiny corpus, tokenizer and model."""
     def go(out_dir, *flags, data_path=tiny_corpus, tokenizer_path=tiny_tokenizer_dir):
         source = [] if data_path is None else ["--data_path", str(data_path)]
         source += [] if tokenizer_path is None else ["--tokenizer_path", str(tokenizer_path)]
-        return train(parse_args([*source, *TINY, "--out_dir", str(out_dir), *map(str, flags)]))
+        return train(parse_args([*source, *tiny_model_flags, *SCHEDULE, "--out_dir", str(out_dir), *map(str, flags)]))
     return go
 
 
 @pytest.fixture(scope="module")
-def base_run(tmp_path_factory, tiny_corpus, tiny_tokenizer_dir) -> Path:
+def base_run(tmp_path_factory, tiny_flags) -> Path:
     """A finished 4-step run with checkpoints at steps 2 and 4; tests work on copies of it."""
     out = tmp_path_factory.mktemp("base") / "run"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MINIMIND_CACHE", str(tmp_path_factory.getbasetemp() / "robustness-cache"))
-        train(parse_args(["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, *TINY,
-                          "--out_dir", str(out), "--max_steps", "4"]))
+        train(parse_args([*tiny_flags, *SCHEDULE, "--out_dir", str(out), "--max_steps", "4"]))
     return out
 
 
@@ -407,7 +405,8 @@ def test_the_memory_estimate_is_a_lower_bound(dtype):
         return t
 
     x = torch.randint(0, 400, (4, 64))
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", dtype, enabled=dtype != torch.float32):
+    autocast = torch.autocast("cpu", dtype, enabled=dtype != torch.float32)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), autocast:
         model(input_ids=x, shift_labels=x)
     # alive until the loss is computed (and under autocast their fp32 copy); their log-softmax is among the saved
     logits = x.numel() * 400 * (4 if dtype == torch.float32 else 2 + 4)
@@ -476,12 +475,11 @@ def test_a_too_short_validation_split_names_it_the_rule_and_the_flags(tmp_path, 
 
 
 def test_the_ablation_runner_starts_afresh_over_a_run_that_crashed_before_its_first_checkpoint(
-        tmp_path, tiny_corpus, tiny_tokenizer_dir):
+        tmp_path, tiny_flags):
     spec = importlib.util.spec_from_file_location("run_ablation", REPO / "scripts" / "run_ablation.py")
     runner = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(runner)
-    study, base = runner.parse_args(["--out_dir", str(tmp_path / "study"), "--data_path", tiny_corpus,
-                                     "--tokenizer_path", tiny_tokenizer_dir, *TINY, "--max_steps", "2"])
+    study, base = runner.parse_args(["--out_dir", str(tmp_path / "study"), *tiny_flags, *SCHEDULE, "--max_steps", "2"])
     config = ("pre-rmsnorm", 2, base.learning_rate, base.warmup_steps, 0)  # variant, depth, lr, warmup, seed
     crashed = tmp_path / "study" / "runs" / runner.run_name(*config)
     crashed.mkdir(parents=True)

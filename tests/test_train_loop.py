@@ -10,19 +10,16 @@ import trainer.train_pretrain as tp
 from trainer.args import parse_args
 from trainer.tracking import read_metrics
 
-TINY = ["--device", "cpu", "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--num_key_value_heads",
-        "1", "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "2", "--num_proc", "1"]
 # Every way Python code reads a tensor's value on the host; on CUDA each one waits for the GPU.
 HOST_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
 
 
 @pytest.fixture
-def train_args(tmp_path, monkeypatch, tiny_corpus, tiny_tokenizer_dir):
+def train_args(tmp_path, monkeypatch, tiny_flags):
     monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
 
     def make(*flags, out: str = "run"):
-        return parse_args(["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, *TINY,
-                           "--out_dir", str(tmp_path / out), *map(str, flags)])
+        return parse_args([*tiny_flags, "--out_dir", str(tmp_path / out), *map(str, flags)])
     return make
 
 

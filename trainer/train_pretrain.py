@@ -491,8 +491,8 @@ def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting
     return summary
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     summary = train(args)
     if dist.is_initialized():
         dist.destroy_process_group()
