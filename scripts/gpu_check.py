@@ -30,10 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from common.cli import ArgumentParser, UserError, run_cli
+from trainer.args import DEVICE_DEFAULTS, build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-PRESET_BATCH, PRESET_SEQ = 128, 256  # trainer/args.py DEVICE_DEFAULTS["cuda"] and --max_seq_len's default
+# the shape the default GPU run trains at: the CUDA preset's batch, --max_seq_len's default
+PRESET_BATCH, PRESET_SEQ = DEVICE_DEFAULTS["cuda"]["batch_size"], build_parser().get_default("max_seq_len")
 
 
 def tail(text: str, lines: int = 15) -> str:
