@@ -30,10 +30,10 @@ from transformers import AutoModelForCausalLM, TextStreamer
 from transformers.utils import logging as hf_logging
 
 import model  # noqa: F401  (registers MiniMind with the Auto classes)
+from common.cli import ArgumentParser, UserError, first_line, require_positive, run_cli
 from data import BatchSampler, bits_per_byte, load_tokenizer, prepare_split
 from model import norm_variant
 from trainer.checkpoint import LINK, resolve_model_dir
-from trainer.cli import ArgumentParser, UserError, require_positive, run_cli
 from trainer.device import autocast, pick_device, resolve_dtype
 from trainer.evaluation import evaluate
 
@@ -88,8 +88,7 @@ def load(path, tokenizer_path=None, device="cpu"):
     try:
         lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
     except Exception as err:  # unknown architecture, corrupt weights, ...: each library fails its own way
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise UserError(f"{model_dir}: cannot load the model ({reason})") from None
+        raise UserError(f"{model_dir}: cannot load the model ({first_line(err)})") from None
     # The trainer sizes a MiniMind vocabulary to its tokenizer exactly, so any difference means the wrong one.
     # Other models may pad their vocabulary; there only a tokenizer with ids the model cannot embed is refused.
     exact = lm.config.model_type == "minimind"

@@ -27,7 +27,7 @@ import datasets
 import huggingface_hub
 import pyarrow as pa
 
-from trainer.cli import UserError
+from common.cli import UserError, first_line
 
 VALIDATION_PLAYS = ("hamlet", "the-tempest")
 HOLDOUT_EVERY = 100
@@ -138,7 +138,7 @@ def reading(data_path: str | None):
             raise
         files = local_files(data_path)
         problems = (_bad_json(f) for f in files if BUILDERS[f.suffix] == "json")
-        cause = str(err.__cause__ or err).splitlines()[0]
+        cause = first_line(err.__cause__ or err)
         raise UserError(next(filter(None, problems), f"{data_path}: cannot read it ({cause})")) from None
     finally:
         json_log.setLevel(level)
@@ -160,7 +160,7 @@ def _load_hub(spec: str, split: str, streaming: bool):
     try:  # offline without a cached copy, an unknown config, a gated or script-only dataset, ...
         available = datasets.get_dataset_split_names(name, config or None)
     except Exception as err:
-        raise UserError(f"{spec}: cannot load it from the Hub ({_first_line(err)}); {NO_SOURCE_HINT}") from None
+        raise UserError(f"{spec}: cannot load it from the Hub ({first_line(err)}); {NO_SOURCE_HINT}") from None
     holdout = bool(source) or "validation" not in available
     theirs = "validation" if split == "validation" and not holdout else source or "train"
     if theirs not in available:
@@ -168,11 +168,7 @@ def _load_hub(spec: str, split: str, streaming: bool):
     try:
         return datasets.load_dataset(name, config or None, split=theirs, streaming=streaming), holdout
     except Exception as err:
-        raise UserError(f"{spec}: cannot load it from the Hub ({_first_line(err)}); {NO_SOURCE_HINT}") from None
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"{spec}: cannot load it from the Hub ({first_line(err)}); {NO_SOURCE_HINT}") from None
 
 
 def _open(data_path: str | None, split: str, streaming: bool):

@@ -15,10 +15,10 @@ import pyarrow.compute as pc
 import torch
 from tqdm import tqdm
 
+from common.cli import UserError, cannot_write
+from common.fs import write_file_atomically
 from data.corpus import load_texts, reading, source_identity
 from data.tokenizer import tokenizer_fingerprint
-from trainer.cli import UserError
-from trainer.fs import write_file_atomically
 
 CACHE_FORMAT = 2  # bump when the packing, splitting or metadata rules change, so old caches are not reused
 SCAN_CHUNK_BYTES = 1 << 24
@@ -164,8 +164,8 @@ def prepare_split(
     except OSError as err:
         if err.errno not in CANNOT_WRITE:
             raise
-        raise UserError(f"cannot write the token cache in {cache_dir} ({err.strerror}); free some space there, or "
-                        "point MINIMIND_CACHE at another folder") from None
+        raise cannot_write(f"the token cache in {cache_dir}", err,
+                           "free some space there, or point MINIMIND_CACHE at another folder") from None
     return _open_cached(path, key, len(tokenizer))
 
 

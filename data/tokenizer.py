@@ -6,8 +6,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from common.cli import UserError, first_line
 from data.corpus import load_texts, reading
-from trainer.cli import UserError
 
 # MiniMind's special tokens, in id order: 0 ends every document, 1 and 2 delimit chat turns.
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -53,7 +53,7 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as err:  # a corrupt file fails in tokenizers' Rust or transformers, each in its own way
-        raise UserError(f"{path}: cannot load the tokenizer ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+        raise UserError(f"{path}: cannot load the tokenizer ({first_line(err)})") from None
     if tokenizer.eos_token_id is None:
         raise UserError(f"{path}: the tokenizer has no eos_token; it is needed to separate documents")
     # The document separator stands in for a missing bos (what a prompt starts after) and pad (GPT-2 convention),

@@ -13,9 +13,10 @@ from model.model_minimind import (
     count_norms,
     norm_variant,
 )
+from model.variants import PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
 
 AutoConfig.register(MiniMindConfig.model_type, MiniMindConfig, exist_ok=True)
 AutoModelForCausalLM.register(MiniMindConfig, MiniMindForCausalLM, exist_ok=True)
 
 __all__ = ["NORM_POSITIONS", "NORM_SCALINGS", "NORM_TYPES", "QK_NORMS", "MiniMindConfig", "MiniMindForCausalLM",
-           "count_norms", "norm_variant"]
+           "count_norms", "norm_variant", "PLACEMENT_DEFAULTS", "PLACEMENTS", "VARIANTS"]

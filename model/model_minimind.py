@@ -542,7 +542,11 @@ class MiniMindModel(MiniMindPreTrainedModel):
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + x.shape[1], device=x.device)[None]
-        rope = self.rotary_emb(position_ids, x.dtype)
+        # cos/sin in the dtype q and k are computed in: under autocast the projections' (bf16), as fp32 tables would
+        # promote q and k to fp32 for attention to cast them back; without it, the stream's, so fp32 stays exact.
+        device_type = x.device.type
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+        rope = self.rotary_emb(position_ids, dtype)
         mask = attention_mask_for(attention_mask, x.shape[1], past_len, x.device)
 
         # hidden_states[i] is the residual stream entering block i; the last entry is the final output.

@@ -29,9 +29,10 @@ import torch
 from torch import nn
 from torch.utils import benchmark
 
+from common.cli import ArgumentParser, UserError, require_positive, run_cli
+from common.environment import environment
 from model.model_minimind import RMSNorm
 from model.rmsnorm_kernels import IMPLEMENTATIONS, implementation_for
-from trainer.cli import ArgumentParser, UserError, require_positive, run_cli
 from trainer.device import pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -172,7 +173,7 @@ def print_model_paths(rows: list[dict], device: str) -> None:
         print(line)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = ArgumentParser(description=__doc__)
     p.add_argument(
         "--tokens", type=int, default=4 * 256, help="rows of the activation: batch * seq"
@@ -189,7 +190,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: torch's own count); 1 is steadier on a machine shared with other work")
     p.add_argument("--json", type=Path, help="also write the config and every row to this JSON file")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     require_positive(args, ("tokens", "hidden", "iters", "threads"))
     if args.threads:
@@ -236,7 +237,8 @@ def main() -> None:
             "device_name": device_name,
             "model_paths": {d: implementation_for(args.device, DTYPES[d]) for d in dtypes},
         }
-        args.json.write_text(json.dumps({"config": config, "results": rows}, indent=2) + "\n")
+        payload = {"environment": environment(args.device), "config": config, "results": rows}
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
 
 

@@ -14,6 +14,7 @@ faster). MFU is printed where the device's peak is known (trainer/diagnostics.py
 """
 
 import copy
+import json
 import statistics
 import sys
 import time
@@ -25,9 +26,10 @@ import torch
 from tqdm import tqdm
 from transformers import LlamaForCausalLM
 
+from common.cli import ArgumentParser, UserError, require_positive, run_cli
+from common.environment import environment
 from model import MiniMindConfig, MiniMindForCausalLM
 from model.hf_export import hf_config
-from trainer.cli import ArgumentParser, UserError, require_positive, run_cli
 from trainer.device import autocast, pick_device, resolve_dtype
 from trainer.diagnostics import flops_per_token, peak_flops
 from trainer.optim import build_optimizer
@@ -59,7 +61,7 @@ def time_round(step, steps: int, device) -> float:
     return time.perf_counter() - t
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = ArgumentParser(description=__doc__)
     p.add_argument("--hidden_size", type=int, default=512, help="model width (512 = MiniMind2-small)")
     p.add_argument("--num_hidden_layers", type=int, default=8, help="number of blocks")
@@ -70,7 +72,8 @@ def main() -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {list(MODES)}")
-    args = p.parse_args()
+    p.add_argument("--json", type=Path, help="also write the flags, the machine and every row to this JSON file")
+    args = p.parse_args(argv)
     require_positive(args, ("hidden_size", "num_hidden_layers", "batch_size", "seq_len", "steps", "rounds"))
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):
@@ -109,17 +112,26 @@ def main() -> None:
     print(f"\n{n_params / 1e6:.2f}M params, batch {args.batch_size}x{args.seq_len}, {args.dtype}, {device_name}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"{'model':<10}{'mode':<10}{'tokens/s':>12}{'s/step':>10}{'compile s':>11}{'MFU':>8}")
-    rate = {}
+    rate, results = {}, []
     for (name, mode), row in rows.items():
         s_per_step = statistics.median(times[name, mode]) / args.steps
         rate[name, mode] = tokens / s_per_step
         compile_s = f"{row['first_s'] - s_per_step:.1f}" if mode == "compiled" else "-"
         mfu = f"{step_flops / s_per_step / peak:.1%}" if peak else "-"
         print(f"{name:<10}{mode:<10}{rate[name, mode]:>12.0f}{s_per_step:>10.3f}{compile_s:>11}{mfu:>8}")
+        results.append({"model": name, "mode": mode, "tokens_per_s": rate[name, mode], "s_per_step": s_per_step,
+                        "compile_s": row["first_s"] - s_per_step if mode == "compiled" else None,
+                        "mfu": step_flops / s_per_step / peak if peak else None})
     for mode in modes:
         print(f"ratio minimind/llama {mode}: {rate['minimind', mode] / rate['llama', mode]:.3f}")
     if "compiled" in modes and "eager" in modes:
         print(f"compiled/eager minimind: {rate['minimind', 'compiled'] / rate['minimind', 'eager']:.3f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"environment": environment(device), "config": {**vars(args), "json": str(args.json)},
+                   "num_params": n_params, "results": results}
+        args.json.write_text(json.dumps(payload, indent=1) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -21,11 +21,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import model  # noqa: F401  (registers MiniMind with the Auto classes)
+from common.cli import ArgumentParser, UserError, first_line, run_cli
+from common.fs import staged_directory
 from model import MiniMindForCausalLM
 from model.hf_export import hf_config, hf_family
 from trainer.checkpoint import resolve_model_dir
-from trainer.cli import ArgumentParser, UserError, run_cli
-from trainer.fs import staged_directory
 
 TOLERANCE = 1e-4
 
@@ -45,7 +45,7 @@ def convert(src: Path, dst: Path) -> str:
     try:
         cfg = AutoConfig.from_pretrained(src)
     except Exception as err:  # unknown model_type, malformed JSON, ...
-        raise UserError(f"{src}: cannot read config.json ({str(err).strip().splitlines()[0]})") from None
+        raise UserError(f"{src}: cannot read config.json ({first_line(err)})") from None
     if cfg.model_type != "minimind":
         raise UserError(f"{src} holds a {cfg.model_type!r} model, not a MiniMind checkpoint")
     try:

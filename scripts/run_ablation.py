@@ -9,8 +9,8 @@
 Every run goes through trainer.train_pretrain.train (the same code as `python trainer/train_pretrain.py`),
 with identical data, seed list and step budget; any trainer flag passes through. A variant is
 <placement>-<norm>, e.g. pre-rmsnorm, post-layernorm, pre+qk_head-rmsnorm, reorder+qk_proj-rmsnorm: a named
-placement from PLACEMENTS (the config fields it sets) and a norm type. Finished runs are reused when the study
-is re-run with the same out_dir, so an interrupted study picks up where it stopped.
+placement from PLACEMENTS in model/variants.py (the config fields it sets) and a norm type. Finished runs are
+reused when the study is re-run with the same out_dir, so an interrupted study picks up where it stopped.
 
 With --tune_lr every (variant, depth) is compared at its own best peak learning rate: the first seed trains at
 each grid point, the lowest final validation loss among runs that neither diverged nor plateaued wins (the grid
@@ -31,29 +31,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from common.cli import ArgumentParser, UserError, run_cli
+from common.environment import describe, environment
 from data import load_tokenizer, prepare_split
-from model import NORM_POSITIONS, NORM_TYPES
+from model import NORM_TYPES, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
 from trainer import lr_tuning
-from trainer.args import build_parser, fill_device_defaults, validate
+from trainer.args import build_parser, fill_device_defaults, flags_with, validate
 from trainer.checkpoint import find_checkpoints
-from trainer.cli import ArgumentParser, UserError, run_cli
 from trainer.plots import plot_depth, plot_grid, plot_layer_profiles, plot_loss_curves, plot_lr_sensitivity
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 
-# A placement names the values of the fields that decide where the norms go; fields it leaves out keep these.
-PLACEMENT_DEFAULTS = {"norm_position": "pre", "norm_scaling": "none", "qk_norm": "none"}
-PLACEMENTS = {position: {"norm_position": position} for position in NORM_POSITIONS} | {
-    "pre+depth": {"norm_scaling": "depth"},  # LayerNorm Scaling ("The Curse of Depth")
-    "mix+depth": {"norm_position": "mix", "norm_scaling": "depth"},
-    "pre+qk_head": {"qk_norm": "head"},  # Qwen3
-    "pre+qk_proj": {"qk_norm": "proj"},
-    "peri+qk_head": {"norm_position": "peri", "qk_norm": "head"},  # Gemma 3
-    "reorder+qk_proj": {"norm_position": "reorder", "qk_norm": "proj"},  # OLMo 2
-}
-# "<placement>-<norm>" -> the trainer flags it sets. Names are looked up here, never split on "-".
-VARIANTS = {f"{placement}-{norm}": {**PLACEMENT_DEFAULTS, **fields, "norm": norm}
-            for placement, fields in PLACEMENTS.items() for norm in sorted(NORM_TYPES)}
 DEFAULT_VARIANTS = ["pre-rmsnorm", "pre-layernorm", "post-rmsnorm", "post-layernorm"]
 # Flags each run gets from the study, so passing them as trainer flags would be ignored or contradictory.
 SET_PER_RUN = ("--seed", "--resume", "--overwrite", *(f"--{field}" for field in ("norm", *PLACEMENT_DEFAULTS)))
@@ -122,9 +110,22 @@ def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str
     return f"{variant}-L{depth}-lr{lr:g}-wu{warmup}-s{seed}"
 
 
-# Flags that do not change what a run computes, so a finished run made with other values is still valid.
-BOOKKEEPING = {"out_dir", "resume", "overwrite", "keep_checkpoints", "use_wandb", "wandb_project", "wandb_run_name",
-               "wandb_group", "num_proc", "dist_timeout"}
+# Flags that do not change what a run computes (their role in trainer/args.py), so a finished run made with other
+# values is still valid.
+BOOKKEEPING = set(flags_with("bookkeeping"))
+# Flags whose default depends on others, and the value a run recorded before the flag existed had in effect.
+RECORDED_BEFORE = {"diag_interval": lambda saved: saved.get("log_interval")}
+
+
+def recorded_value(saved: dict, flag: str):
+    """The value of `flag` a finished run was trained with. A flag added after the run was recorded is missing from
+    its args; new flags default to the old behaviour, so the run had the parser default (or, for a flag in
+    RECORDED_BEFORE, the value derived from the run's other flags)."""
+    if flag in saved:
+        return saved[flag]
+    if flag in RECORDED_BEFORE:
+        return RECORDED_BEFORE[flag](saved)
+    return build_parser().get_default(flag)
 
 
 def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict:
@@ -146,15 +147,13 @@ def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed:
     done = out_dir / "summary.json"
     if done.exists():
         summary = json.loads(done.read_text())
-        # A flag added after the run was recorded is missing from its args; the run computed what that flag's
-        # default computes (new flags default to the old behaviour), so it counts as recorded with the default.
-        recorded = {**vars(build_parser().parse_args([])), **summary.get("args", {})}
-        changed = sorted(k for k, v in vars(args).items() if k not in BOOKKEEPING and recorded.get(k) != v)
+        changed = sorted(k for k, v in vars(args).items()
+                         if k not in BOOKKEEPING and recorded_value(summary.get("args", {}), k) != v)
         if changed:
             raise UserError(f"{out_dir} was trained with other values of --{', --'.join(changed)}; "
                             "use a new --out_dir for a different study")
         if summary["diverged"] or summary["step"] >= base.max_steps:
-            return summary
+            return {**summary, "out_dir": str(out_dir)}  # where it is now, wherever the study ran from then
     print(f"\n=== {name}")
     return train(validate(args))
 
@@ -185,6 +184,15 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
+def speed(runs: list[dict]) -> tuple[str, str]:
+    """Mean tokens/s and s/step of the runs that timed a step (a one-step run has only its warm-up step)."""
+    timed = [r for r in runs if r["tokens_per_s"] is not None]
+    if not timed:
+        return "—", "—"
+    return (f"{statistics.mean(r['tokens_per_s'] for r in timed):.0f}",
+            f"{statistics.mean(r['s_per_step'] for r in timed):.3f}")
+
+
 def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
     head = ["variant", "layers", *(["lr", "warmup"] if grid else []), "val loss", "val bpb", "tokens/s", "s/step",
             "norm params", "diverged", "plateaued"]
@@ -193,8 +201,7 @@ def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
         ok = [r for r in runs if not r["diverged"] and r["val_loss"] is not None]
         row = [variant, str(depth), *([f"{lr:g}", str(warmup)] if grid else []),
                mean_std([r["val_loss"] for r in ok]), mean_std([r["val_bpb"] for r in ok]),
-               f"{statistics.mean(r['tokens_per_s'] for r in ok):.0f}" if ok else "—",
-               f"{statistics.mean(r['s_per_step'] for r in ok):.3f}" if ok else "—",
+               *speed(ok),
                f"{runs[0]['norm_params']:,}", f"{sum(r['diverged'] for r in runs)}/{len(runs)}",
                f"{sum(r['plateaued'] for r in runs)}/{len(runs)}"]
         lines.append("| " + " | ".join(row) + " |")
@@ -250,7 +257,8 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
     plot_loss_curves({label(*k): m for k, m in metrics.items()}, out / "loss_curves.png")
     plot_layer_profiles({label(*k): m[0] for k, m in metrics.items()
                          if any(r["split"] == "train" for r in m[0])}, out / "layers.png")
-    text = ["# Normalization ablation", "", f"Seeds: {study.seeds}. Values are mean ± std over seeds of the final "
+    text = ["# Normalization ablation", "", describe(environment()) + " Each run's own is in results.json.", "",
+            f"Seeds: {study.seeds}. Values are mean ± std over seeds of the final "
             "validation evaluation; a diverged run (non-finite loss) is excluded from the mean and counted. A run "
             f"plateaued when its final validation loss is within {PLATEAU_MARGIN} nats of a unigram model's "
             f"({unigram:.3f}: training-split token frequencies, scored on the validation split) or no lower than "

@@ -4,7 +4,7 @@ through depth, before any training.
     python scripts/signal_propagation.py                                  # 9 variants x depths 4..128, hidden 128
     python scripts/signal_propagation.py --variants pre-rmsnorm post-rmsnorm --depths 4 8 16 --hidden_size 64
 
-For every variant (a <placement>-<norm> name of scripts/run_ablation.py) and depth it builds the model exactly as
+For every variant (a <placement>-<norm> name of model/variants.py) and depth it builds the model exactly as
 the trainer would (same flags, same initialization, fixed --seed), runs one forward and backward of the language-
 model loss on the first --batch_size windows of held-out text (the validation split through the data layer),
 and records per block: the RMS of the residual stream entering it, the gradient norm of its parameters, the
@@ -29,10 +29,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from common.cli import ArgumentParser, UserError, require_positive, run_cli
+from common.environment import environment
 from data import BatchSampler, load_tokenizer, prepare_split
-from scripts.run_ablation import VARIANTS
+from model import VARIANTS
 from trainer.args import build_parser
-from trainer.cli import ArgumentParser, UserError, require_positive, run_cli
 from trainer.diagnostics import block_grad_norms, layer_stats
 from trainer.plots import plot_signal_propagation
 from trainer.train_pretrain import build_model, model_config
@@ -44,7 +45,7 @@ DEFAULT_VARIANTS = ["pre-rmsnorm", "post-rmsnorm", "peri-rmsnorm", "reorder-rmsn
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__)
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
-                   help="<placement>-<norm> names as in scripts/run_ablation.py (pre-none = no norm at all)")
+                   help="<placement>-<norm> names as in model/variants.py (pre-none = no norm at all)")
     p.add_argument("--depths", nargs="+", type=int, default=[4, 8, 16, 32, 64, 128], help="numbers of blocks")
     p.add_argument("--hidden_size", type=int, default=128, help="model width")
     p.add_argument("--num_attention_heads", type=int, default=8, help="query heads")
@@ -76,7 +77,7 @@ def measure(model_args, variant: str, depth: int, tokenizer, x: torch.Tensor, y:
     stats = layer_stats(model, x)
     loss = model(input_ids=x, shift_labels=y).loss
     loss.backward()
-    grads = block_grad_norms(model.model.layers)
+    grads = block_grad_norms(model.model.layers).tolist()
     # largest over smallest block gradient: 1 when every block would learn at the same rate
     spread = max(grads) / min(grads) if min(grads) > 0 else math.inf
     return {"variant": variant, "depth": depth, "loss": loss.item(), **stats, "layer_grad_norm": grads,
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
 
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"config": vars(args), "results": results,
+    payload = {"environment": environment(), "config": vars(args), "results": results,
                "theory": [dict(zip(("variant", "claim", "measured", "agrees"), c, strict=True)) for c in checks]}
     (out / "signal_propagation.json").write_text(json.dumps(payload, indent=1))
     plot_signal_propagation(results, out / "signal_propagation.png")

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch import nn
 
+from common.cli import ArgumentParser, run_cli
 from model.model_minimind import RMSNorm
-from trainer.cli import ArgumentParser, run_cli
 
 # What the notes report for the default 8 x 512, batch 32 setup (they give no seed).
 NOTES = {"std_layer8_no_norm": 0.0163, "grad_layer1_no_norm": 1.2e-5, "std_rmsnorm": "~1.0 at every layer"}
@@ -55,7 +55,7 @@ def measure(stack: Stack, x: torch.Tensor) -> dict:
     return {"std": stds, "grad_norm": [linear.weight.grad.norm().item() for linear in stack.linears]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = ArgumentParser(description=__doc__)
     p.add_argument("--seed", type=int, default=0, help="seeds the Linear init and the input")
     p.add_argument("--layers", type=int, default=8, help="number of Linear(+RMSNorm)+ReLU blocks")
@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument(
         "--json", type=Path, help="also write the config and both networks' numbers to this JSON file"
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     torch.manual_seed(args.seed)
     linears = [nn.Linear(args.width, args.width) for _ in range(args.layers)]

@@ -1,6 +1,8 @@
-"""Shared fixtures: a tiny JSONL corpus cut from the embedded plays, and a tiny tokenizer trained on it."""
+"""Shared fixtures: a tiny JSONL corpus cut from the embedded plays, a tiny tokenizer trained on it, the tiny
+model's trainer flags and one short run trained with them."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +39,37 @@ def tiny_tokenizer_dir(tmp_path_factory, tiny_corpus) -> str:
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_tokenizer_dir):
     return load_tokenizer(tiny_tokenizer_dir)
+
+
+# The tiny model the training tests share: 2 blocks of width 32, 32-token sequences in batches of 4, 2 batches per
+# evaluation. A test adds --out_dir and what it varies (a flag given again overrides: argparse keeps the last).
+# On the CPU: these tests assert CPU arithmetic (bitwise resume, fp32 tolerances); tests/test_cuda.py has the GPU's.
+TINY_MODEL_FLAGS = ["--device", "cpu", "--hidden_size", "32", "--num_hidden_layers", "2",
+                    "--num_attention_heads", "2", "--num_key_value_heads", "1", "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "2",
+                    "--num_proc", "1"]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_flags() -> list[str]:
+    return list(TINY_MODEL_FLAGS)
+
+
+@pytest.fixture(scope="session")
+def tiny_flags(tiny_corpus, tiny_tokenizer_dir, tiny_model_flags) -> list[str]:
+    """Trainer flags for the tiny model on tiny_corpus with the tiny tokenizer."""
+    return ["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, *tiny_model_flags]
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, tiny_flags) -> Path:
+    """The --out_dir of one short real run (40 steps, logged every 5, evaluated at 20 and 40, one checkpoint at
+    step 40), trained once per session in-process and shared: tests read it and never write into it."""
+    from trainer.args import parse_args
+    from trainer.train_pretrain import train
+
+    out = tmp_path_factory.mktemp("trained") / "rms-pre"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINIMIND_CACHE", str(tmp_path_factory.mktemp("cache")))
+        train(parse_args([*tiny_flags, "--out_dir", str(out), "--max_steps", "40", "--log_interval", "5",
+                          "--eval_interval", "20", "--learning_rate", "1e-2", "--warmup_steps", "5"]))
+    return out

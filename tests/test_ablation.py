@@ -9,28 +9,24 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.cli import UserError
 from data import load_tokenizer, prepare_split
 from model import NORM_POSITIONS, NORM_TYPES, norm_variant
 from scripts import run_ablation
 from trainer import args as trainer_args
 from trainer.args import build_parser
-from trainer.cli import UserError
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import model_config
 
-TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--num_key_value_heads", "1",
-        "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "2", "--num_proc", "1", "--log_interval", "2"]
-
 
 @pytest.fixture
-def study(tmp_path, tiny_corpus, tiny_tokenizer_dir, monkeypatch):
+def study(tmp_path, tiny_flags, monkeypatch):
     """Run the runner's main() on the tiny corpus with the given flags; returns the study folder."""
     monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "study"
 
     def run(*flags: str) -> Path:
-        run_ablation.main(["--out_dir", str(out), "--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir,
-                           *TINY, *flags])
+        run_ablation.main(["--out_dir", str(out), *tiny_flags, "--log_interval", "2", *flags])
         return out
     return run
 
@@ -119,7 +115,9 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study, capsys):
         ("post-layernorm", "post", "layernorm", 0, 2), ("post-layernorm", "post", "layernorm", 1, 2),
         ("pre-rmsnorm", "pre", "rmsnorm", 0, 2), ("pre-rmsnorm", "pre", "rmsnorm", 1, 2)]
     assert all(r["step"] == 4 and not r["diverged"] for r in runs)
+    assert all(r["environment"]["torch"] == torch.__version__ for r in runs)  # each run's own, from its summary
     table = (out / "results.md").read_text()
+    assert table.splitlines()[2].startswith("Produced ") and f"torch {torch.__version__}" in table.splitlines()[2]
     rows = [line for line in table.splitlines() if line.startswith("| pre-") or line.startswith("| post-")]
     assert len(rows) == 2 and all(row.startswith(("| pre-rmsnorm | 2 |", "| post-layernorm | 2 |")) and " ± " in row
                                   and "| 0/2 |" in row for row in rows)
@@ -131,6 +129,15 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study, capsys):
 
     # re-running the finished study reuses the runs instead of training again
     capsys.readouterr()
+    study("--variants", "pre-rmsnorm", "post-layernorm", "--seeds", "0", "1", "--max_steps", "4",
+          "--eval_interval", "4")
+    assert "model:" not in capsys.readouterr().out
+    # ... also those recorded before --diag_interval existed, whose diagnostics came at every log step
+    for r in runs:
+        summary_file = Path(r["out_dir"]) / "summary.json"
+        summary = json.loads(summary_file.read_text())
+        del summary["args"]["diag_interval"]
+        summary_file.write_text(json.dumps(summary))
     study("--variants", "pre-rmsnorm", "post-layernorm", "--seeds", "0", "1", "--max_steps", "4",
           "--eval_interval", "4")
     assert "model:" not in capsys.readouterr().out
@@ -256,3 +263,12 @@ def test_a_flag_added_after_a_run_was_recorded_counts_as_its_default(study, monk
     assert "model:" not in capsys.readouterr().out  # reused, not retrained
     with pytest.raises(UserError, match="other values of --grad_clip"):
         study("--variants", "pre-rmsnorm", "--max_steps", "2", "--eval_interval", "2", "--grad_clip", "0.5")
+
+
+def test_speed_columns_leave_out_runs_without_a_timed_step():
+    """A one-step run's only step is its warm-up (timed apart as compile time), so it has no tokens/s."""
+    run = {"diverged": False, "val_loss": 2.0, "val_bpb": 1.0, "norm_params": 10, "plateaued": False}
+    runs = [{**run, "tokens_per_s": None, "s_per_step": None}, {**run, "tokens_per_s": 100.0, "s_per_step": 0.5}]
+    table = run_ablation.results_table({("pre-rmsnorm", 2, 1e-3, 10): runs}, grid=False)
+    assert "| 100 | 0.500 |" in table
+    assert "| — | — |" in run_ablation.results_table({("pre-rmsnorm", 2, 1e-3, 10): runs[:1]}, grid=False)

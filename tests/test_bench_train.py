@@ -1,3 +1,4 @@
+import json
 import re
 import subprocess
 import sys
@@ -5,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from common.cli import run_cli
+from scripts import bench_train
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_train.py"
-TINY = ["--hidden_size", "32", "--num_hidden_layers", "1", "--batch_size", "1", "--seq_len", "16", "--steps", "1",
+TINY = ["--device", "cpu", "--hidden_size", "32", "--num_hidden_layers", "1", "--batch_size", "1", "--seq_len", "16", "--steps", "1",
         "--rounds", "2"]
 ROW = re.compile(r"^(minimind|llama)\s+(eager|compiled)\s+(\d+)\s+([\d.]+)\s+(\S+)\s+(\S+)$", re.M)
 
@@ -31,11 +35,17 @@ def check_rows(out: str, modes: list[str]) -> None:
         assert (row[4] == "-") == (mode == "eager")
 
 
-def test_bench_train_eager_rows_and_their_ratio():
-    check_rows(bench("--modes", "eager"), ["eager"])
+def test_bench_train_eager_rows_and_their_ratio(tmp_path):
+    out = bench("--modes", "eager", "--json", str(tmp_path / "bench.json"))
+    check_rows(out, ["eager"])
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["environment"]["threads"] >= 1 and data["environment"]["device"]
+    rows = {(m[0], m[1]): m for m in ROW.findall(out)}
+    assert [(r["model"], r["mode"]) for r in data["results"]] == [("minimind", "eager"), ("llama", "eager")]
+    assert all(round(r["tokens_per_s"]) == int(rows[r["model"], r["mode"]][2]) for r in data["results"])
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # inductor compiles both models
 def test_bench_train_compiled_rows_report_compile_time():
     out = bench()
     check_rows(out, ["eager", "compiled"])
@@ -48,6 +58,7 @@ def test_bench_train_compiled_rows_report_compile_time():
     (["--rounds", "0"], "error: --rounds must be a positive integer, got 0"),
     (["--modes", "eager,jit"], "error: --modes: unknown ['jit']; allowed: ['eager', 'compiled']"),
 ])
-def test_bench_train_rejects_bad_flags(flags, message):
-    result = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True)
-    assert result.returncode == 2 and result.stderr.strip() == message
+def test_bench_train_rejects_bad_flags(flags, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: bench_train.main(flags))
+    assert stopped.value.code == 2 and capsys.readouterr().err.strip() == message

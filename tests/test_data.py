@@ -4,8 +4,6 @@ import io
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import torch
 from transformers import AutoTokenizer
 
 import data.token_stream
+from common.cli import UserError, run_cli
 from data import (
     DEFAULT_TOKENIZER_DIR,
     VALIDATION_PLAYS,
@@ -28,9 +27,8 @@ from data import (
     shakespeare_plays,
     tokenizer_fingerprint,
 )
-from trainer.cli import UserError
+from scripts import train_tokenizer as train_tokenizer_script
 
-REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
 
 
@@ -297,21 +295,19 @@ def test_bad_tokenizer_dir(tmp_path):
         load_tokenizer(tmp_path)
 
 
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "scripts/train_tokenizer.py", *args], cwd=REPO, capture_output=True, text=True)
-
-
-def test_train_tokenizer_cli_bad_input(tmp_path):
+def test_train_tokenizer_cli_bad_input(tmp_path, capsys):
     out_dir = tmp_path / "out"
     for bad in (["--data_path", str(tmp_path / "missing.jsonl")], ["--vocab_size", "100"]):
-        result = run_script(*bad, "--out_dir", str(out_dir))
-        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-        assert result.returncode != 0 and len(errors) == 1 and "Traceback" not in result.stderr
+        with pytest.raises(SystemExit) as stopped:
+            run_cli(lambda bad=bad: train_tokenizer_script.main([*bad, "--out_dir", str(out_dir)]))
+        stderr = capsys.readouterr().err
+        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert stopped.value.code != 0 and len(errors) == 1 and "Traceback" not in stderr
         assert not out_dir.exists()
 
 
-def test_train_tokenizer_cli(tmp_path, tiny_corpus):
-    result = run_script("--data_path", tiny_corpus, "--vocab_size", "300", "--out_dir", str(tmp_path / "tok"))
-    assert result.returncode == 0, result.stderr
+def test_train_tokenizer_cli(tmp_path, tiny_corpus, capsys):
+    train_tokenizer_script.main(["--data_path", tiny_corpus, "--vocab_size", "300", "--out_dir", str(tmp_path / "tok")])
+    assert capsys.readouterr().out.strip().endswith(f"saved a 300-token tokenizer to {tmp_path / 'tok'}")
     tokenizer = load_tokenizer(tmp_path / "tok")
     assert len(tokenizer) == 300 and tokenizer.decode(tokenizer("Full fathom five")["input_ids"]) == "Full fathom five"

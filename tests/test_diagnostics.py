@@ -146,13 +146,11 @@ def test_layer_stats_between_steps_do_not_retrace_a_compiled_model():
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_trainer_logs_every_diagnostic_per_layer(tmp_path, tiny_corpus, tiny_tokenizer_dir, monkeypatch):
+def test_trainer_logs_every_diagnostic_per_layer(tmp_path, tiny_flags, monkeypatch):
     monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
     args: Namespace = parse_args([
-        "--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, "--hidden_size", "32",
-        "--num_hidden_layers", "3", "--num_attention_heads", "2", "--num_key_value_heads", "1", "--max_seq_len", "16",
-        "--batch_size", "2", "--eval_steps", "1", "--num_proc", "1", "--max_steps", "4", "--log_interval", "2",
-        "--eval_interval", "4", "--out_dir", str(tmp_path / "run")])
+        *tiny_flags, "--num_hidden_layers", "3", "--max_seq_len", "16", "--batch_size", "2", "--eval_steps", "1",
+        "--max_steps", "4", "--log_interval", "2", "--eval_interval", "4", "--out_dir", str(tmp_path / "run")])
     assert not train(args)["diverged"]
     logged = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in logged] == [2, 4]

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 import eval_llm
+from common.cli import UserError, run_cli
 from data import DEFAULT_TOKENIZER_DIR, bits_per_byte, load_tokenizer, prepare_split
 from eval_llm import Sampling, compare, evaluate_split, generate_text, load, main
 from model import MiniMindConfig, MiniMindForCausalLM
-from trainer.cli import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"vocab_size": 400, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -33,18 +33,10 @@ def cache_env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, cache_env, tiny_corpus, tiny_tokenizer_dir) -> Path:
-    """The trainer's --out_dir after a short real run: checkpoint -> step-000040/."""
-    out = tmp_path_factory.mktemp("runs") / "rms-pre"
-    result = subprocess.run(
-        [sys.executable, str(REPO / "trainer" / "train_pretrain.py"), "--data_path", tiny_corpus,
-         "--tokenizer_path", tiny_tokenizer_dir, *(f"--{k}={v}" for k, v in TINY.items() if k != "vocab_size"),
-         "--max_seq_len=32", "--batch_size=4", "--max_steps=40", "--learning_rate=1e-2", "--warmup_steps=5",
-         "--num_proc=1", "--out_dir", str(out)],
-        env=cache_env, capture_output=True, text=True, cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return out
+def run_dir(trained_run) -> Path:
+    """The trainer's --out_dir after a short real run (conftest.py): checkpoint -> step-000040/, named rms-pre."""
+    assert (trained_run / "checkpoint").resolve().name == "step-000040" and trained_run.name == "rms-pre"
+    return trained_run
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +87,8 @@ def test_greedy_equals_model_generate(which, run_dir, post_dir, capsys):
     expected = reference_greedy(lm, tokenizer, PROMPT, GREEDY.max_new_tokens)
     assert generate_text(lm, tokenizer, PROMPT, GREEDY) == expected
     # The CLI prints the prompt, then the streamed continuation.
-    main(["--model_path", str(path), "--prompt", PROMPT, "--temperature", "0", "--max_new_tokens", "16"])
+    main(["--device", "cpu", "--model_path", str(path), "--prompt", PROMPT, "--temperature", "0",
+          "--max_new_tokens", "16"])
     assert capsys.readouterr().out == PROMPT + expected + "\n\n"
 
 
@@ -151,8 +144,8 @@ def test_compare_uses_one_seed_and_prints_every_checkpoint(run_dir, post_dir, ti
         assert result.continuations == [generate_text(lm, tokenizer, p, sampled) for p in prompts]
         expected_greedy[path.name] = [generate_text(lm, tokenizer, p, greedy) for p in prompts]
 
-    main(["--model_path", str(run_dir), "--compare", str(post_dir), *(a for p in prompts for a in ("--prompt", p)),
-          "--temperature", "0", "--max_new_tokens", "12", "--eval_data", tiny_corpus, "--seq_len", "16"])
+    main(["--device", "cpu", "--model_path", str(run_dir), "--compare", str(post_dir),
+          *(a for p in prompts for a in ("--prompt", p)), "--temperature", "0", "--max_new_tokens", "12", "--eval_data", tiny_corpus, "--seq_len", "16"])
     out = capsys.readouterr().out
     blocks = out.split("=== prompt ")[1:]
     assert len(blocks) == len(prompts)
@@ -202,15 +195,32 @@ def weightless_dir(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("case", ["missing", "no weights", "tokenizer too big"])
-def test_bad_input_is_one_error_line(case, run_dir, weightless_dir, cache_env, tmp_path):
-    args, expected = {
+def bad_input_cases(run_dir, weightless_dir, tmp_path) -> dict:
+    return {
         "missing": (["--model_path", tmp_path / "nope"], "no such directory"),
         "no weights": (["--model_path", weightless_dir], "no weights"),
         "tokenizer too big": (["--model_path", run_dir, "--tokenizer_path", DEFAULT_TOKENIZER_DIR],
                               f"has {len(load_tokenizer(DEFAULT_TOKENIZER_DIR))} tokens but the model's "
                               "vocabulary has 400"),
-    }[case]
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "no weights", "tokenizer too big"])
+def test_bad_input_is_one_error_line(case, run_dir, weightless_dir, cache_env, tmp_path, capsys):
+    args, expected = bad_input_cases(run_dir, weightless_dir, tmp_path)[case]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: main([*map(str, args), "--prompt", "Hi"]))
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0], err
+    assert "Traceback" not in err and out == ""
+
+
+def test_bad_input_is_one_error_line_from_the_command_line(run_dir, weightless_dir, cache_env, tmp_path):
+    """The same from a fresh process: no traceback, whatever the libraries print while loading."""
+    args, expected = bad_input_cases(run_dir, weightless_dir, tmp_path)["no weights"]
     result = subprocess.run([sys.executable, str(REPO / "eval_llm.py"), *map(str, args), "--prompt", "Hi"],
                             env=cache_env, capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 2

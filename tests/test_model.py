@@ -176,3 +176,20 @@ def test_bf16_autocast_forward_backward_on_cpu(norm_type):
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_rope_keeps_queries_and_keys_in_the_autocast_dtype():
+    """Under bf16 autocast the projections give bf16 q and k; RoPE's tables follow them instead of promoting
+    them to fp32 (which attention would cast back). Without autocast everything stays fp32."""
+    model = tiny_model()
+    seen = []
+    for layer in model.model.layers:
+        project = layer.self_attn.project_qk
+        layer.self_attn.project_qk = lambda *a, _p=project: seen.append(_p(*a)) or seen[-1]
+    ids = torch.randint(0, TINY["vocab_size"], (2, 8))
+    with torch.autocast("cpu", torch.bfloat16):
+        model(input_ids=ids)
+    assert {t.dtype for qk in seen for t in qk} == {torch.bfloat16}
+    seen.clear()
+    model(input_ids=ids)
+    assert {t.dtype for qk in seen for t in qk} == {torch.float32}

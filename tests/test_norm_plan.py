@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaForCausalLM, Olmo2ForCausalLM, Qwen3ForCausalLM
 
 import model.model_minimind as mm
+from common.cli import UserError
 from model import NORM_POSITIONS, NORM_TYPES, QK_NORMS, MiniMindConfig, MiniMindForCausalLM, count_norms
-from trainer.cli import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERT = str(REPO / "scripts" / "convert_to_hf.py")

@@ -12,7 +12,9 @@ import torch
 from torch import nn
 
 import model.rmsnorm_kernels as kernels
+from common.cli import run_cli
 from model.model_minimind import RMSNorm
+from scripts import bench_norms, why_normalization
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -156,6 +158,7 @@ def test_autocast_bf16_forward_backward_matches_eager_reference():
         torch.testing.assert_close(ours.grad, ref.grad, rtol=2e-2, atol=2e-3)
 
 
+@pytest.mark.slow  # an inductor compile per case
 @pytest.mark.parametrize("affine", [True, False])
 def test_torch_compile_matches_eager(affine):
     net = tiny_net(RMSNorm(32, EPS, elementwise_affine=affine))
@@ -182,6 +185,7 @@ def run_script(*args: str) -> str:
     return result.stdout
 
 
+@pytest.mark.slow  # its rmsnorm_compiled rows are inductor compiles
 def test_bench_norms_script(tmp_path):
     ops = ["rmsnorm_eager", "F.rms_norm", "hand-written", "layernorm", "rmsnorm_compiled", "model.RMSNorm", "copy"]
     out = run_script(
@@ -207,6 +211,7 @@ def test_bench_norms_script(tmp_path):
 
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["config"]["tokens"] == 64 and data["config"]["hidden"] == 32
+    assert data["environment"]["torch"] == torch.__version__ and data["environment"]["threads"] >= 1
     rows = data["results"]
     for dtype, torch_dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
         path = kernels.implementation_for("cpu", torch_dtype)
@@ -232,29 +237,16 @@ def test_bench_norms_script(tmp_path):
             assert math.isfinite(r[key]) and r[key] > 0, (r["op"], key, r[key])
 
 
-def test_bench_norms_rejects_unknown_op():
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "bench_norms.py"), "--ops", "nope"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and "nope" in lines[0]
+def test_bench_norms_rejects_unknown_op(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: bench_norms.main(["--ops", "nope"]))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(lines) == 1 and lines[0].startswith("error:") and "nope" in lines[0]
 
 
-def test_why_normalization_script(tmp_path):
-    out = run_script(
-        str(SCRIPTS / "why_normalization.py"),
-        "--layers",
-        "3",
-        "--width",
-        "64",
-        "--batch",
-        "8",
-        "--json",
-        str(tmp_path / "why.json"),
-    )
+def test_why_normalization_script(tmp_path, capsys):
+    why_normalization.main(["--layers", "3", "--width", "64", "--batch", "8", "--json", str(tmp_path / "why.json")])
+    out = capsys.readouterr().out
     lines = out.splitlines()
     assert any("std no-norm" in line and "|dW| RMSNorm" in line for line in lines)
     rows = [line.split() for line in lines if line.split() and line.split()[0].isdigit()]

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common.cli import UserError
 from data import load_tokenizer, prepare_split
 from model import MiniMindConfig, MiniMindForCausalLM
 from scripts import signal_propagation
-from trainer.cli import UserError
 
 TINY = ["--hidden_size", "32", "--num_attention_heads", "2", "--num_key_value_heads", "1", "--batch_size", "2",
         "--seq_len", "16"]
@@ -24,6 +24,7 @@ def test_tiny_run_matches_a_direct_computation(tmp_path, tiny_corpus, tiny_token
     printed = capsys.readouterr().out
     data = json.loads((tmp_path / "out" / "signal_propagation.json").read_text())
     assert (tmp_path / "out" / "signal_propagation.png").stat().st_size > 0
+    assert data["environment"]["torch"] == torch.__version__
     assert [(r["variant"], r["depth"]) for r in data["results"]] == [
         ("pre-rmsnorm", 2), ("pre-rmsnorm", 3), ("post-rmsnorm", 2), ("post-rmsnorm", 3)]
     assert sum(line.startswith(("pre-rmsnorm ", "post-rmsnorm ")) for line in printed.splitlines()) == 4

@@ -1,26 +1,25 @@
 """The training loop in-process: where it reads the device from the host, and how it keeps a bad update out."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import trainer.train_pretrain as tp
 from trainer.args import parse_args
+from trainer.tracking import read_metrics
 
-TINY = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--num_key_value_heads",
-        "1", "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "2", "--num_proc", "1"]
 # Every way Python code reads a tensor's value on the host; on CUDA each one waits for the GPU.
 HOST_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
 
 
 @pytest.fixture
-def train_args(tmp_path, monkeypatch, tiny_corpus, tiny_tokenizer_dir):
+def train_args(tmp_path, monkeypatch, tiny_flags):
     monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
 
     def make(*flags, out: str = "run"):
-        return parse_args(["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, *TINY,
-                           "--out_dir", str(tmp_path / out), *map(str, flags)])
+        return parse_args([*tiny_flags, "--out_dir", str(tmp_path / out), *map(str, flags)])
     return make
 
 
@@ -94,3 +93,64 @@ def test_float16_with_grad_scaler_skips_overflowing_steps(train_args, monkeypatc
     assert 0 < skipped < 16
     steps_taken = {state["step"].item() for state in optimizers[0].state.values()}
     assert steps_taken == {16 - skipped}
+
+
+PER_BLOCK = ("layer_grad_norm", "residual_rms", "block_cosine", "max_attn_logit", "massive_activation")
+
+
+def test_per_block_diagnostics_only_on_diagnostic_steps(train_args, monkeypatch):
+    args = train_args("--max_steps", 7, "--log_interval", 1, "--diag_interval", 3, "--eval_interval", 7,
+                      "--save_interval", 7)
+    stacked = []  # each block-gradient read-back: one transfer of all the blocks
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist",
+                        lambda self: stacked.append(self.shape) or tolist(self))
+    tp.train(args)
+    records = [r for r in read_metrics(args.out_dir + "/metrics.jsonl") if r["split"] == "train"]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6, 7]
+    diagnosed = [r["step"] for r in records if all(key in r for key in PER_BLOCK)]
+    assert diagnosed == [3, 6, 7]  # every --diag_interval steps, and the last
+    assert all(not any(key in r for key in PER_BLOCK) for r in records if r["step"] not in diagnosed)
+    assert all(len(r["layer_grad_norm"]) == 2 and min(r["layer_grad_norm"]) > 0 for r in records if r["step"] in diagnosed)
+    assert stacked.count(torch.Size([2])) == 3  # the two blocks' gradient norms, read once per diagnostic step
+
+
+def test_cpu_diagnostics_default_to_every_log_step(train_args):
+    assert train_args("--log_interval", 7).diag_interval == 7
+
+
+def test_warm_up_step_is_timed_apart_as_compile_time(train_args, monkeypatch):
+    """The first step of each start (which compiles under --compile) counts as compile_time_s, not training time:
+    on a clock that only moves while the model computes, 1000 s in the first forward and 1 s in each other."""
+    clock = {"now": 0.0, "calls": 0}
+    forward = tp.MiniMindForCausalLM.forward
+
+    def timed_forward(self, *a, **kw):
+        clock["now"] += 1000.0 if clock["calls"] == 0 else 1.0
+        clock["calls"] += 1
+        return forward(self, *a, **kw)
+
+    monkeypatch.setattr(tp.MiniMindForCausalLM, "forward", timed_forward)
+    monkeypatch.setattr(tp, "time", SimpleNamespace(perf_counter=lambda: clock["now"]))
+    flags = ("--log_interval", 2, "--eval_interval", 100, "--save_interval", 4, "--lr_decay_steps", 6)
+    summary = tp.train(train_args("--max_steps", 4, *flags))
+    assert summary["compile_time_s"] == 1000 and summary["train_time_s"] == 3  # steps 2-4
+    tokens_per_step = 4 * 32
+    assert summary["tokens_per_s"] == tokens_per_step and summary["s_per_step"] == 1
+    records = [r for r in read_metrics(summary["out_dir"] + "/metrics.jsonl") if r["split"] == "train"]
+    # the first window's speed is that of its one timed step (step 2), not diluted by the warm-up
+    assert [(r["tokens_per_s"], r["train_time_s"], r["compile_time_s"]) for r in records] == [
+        (tokens_per_step, 1, 1000), (tokens_per_step, 3, 1000)]
+
+    clock["calls"] = 0  # a resumed run warms up again, and its summary keeps both starts apart
+    resumed = tp.train(train_args("--max_steps", 6, "--resume", *flags))
+    assert resumed["compile_time_s"] == 2000 and resumed["train_time_s"] == 4 and resumed["s_per_step"] == 1
+
+
+def test_resuming_a_bfloat16_or_float32_checkpoint_in_float16_starts_a_fresh_scaler(train_args, capsys):
+    flags = ("--log_interval", 2, "--eval_interval", 100, "--save_interval", 2, "--lr_decay_steps", 4)
+    tp.train(train_args("--max_steps", 2, *flags))
+    summary = tp.train(train_args("--max_steps", 4, "--resume", "--dtype", "float16", *flags))
+    assert summary["step"] == 4 and not summary["diverged"]
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: --resume:")]
+    assert len(notes) == 1 and "fresh GradScaler" in notes[0]

@@ -13,14 +13,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import model  # noqa: F401  (registers MiniMind with the Auto classes)
+import trainer.train_pretrain as tp
+from common.cli import run_cli
+from trainer.args import parse_args
 from trainer.optim import build_optimizer, lr_at
 from trainer.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(REPO / "trainer" / "train_pretrain.py")]
-TINY_MODEL = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2",
-              "--num_key_value_heads", "1", "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "2",
-              "--num_proc", "1"]
 
 
 @pytest.fixture(scope="session")
@@ -33,23 +33,36 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture
-def tiny_args(tiny_corpus, tiny_tokenizer_dir):
-    return ["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, *TINY_MODEL]
+def tiny_args(tiny_flags, env, monkeypatch):
+    """The tiny model's flags; the token cache of the subprocesses serves the in-process runs too."""
+    monkeypatch.setenv("MINIMIND_CACHE", env["MINIMIND_CACHE"])
+    return tiny_flags
 
 
 def run(args, env, **kw):
+    """The trainer's command line in a fresh process."""
     return subprocess.run(TRAIN + [str(a) for a in args], env=env, capture_output=True, text=True, cwd=REPO, **kw)
+
+
+def refused(args, capsys) -> tuple[int, list[str]]:
+    """The trainer's command line in this process, for a run that must stop with an error: the exit status and
+    the lines written to stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: tp.main([str(a) for a in args]))
+    return stopped.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def train_in_process(args) -> dict:
+    return tp.train(parse_args([str(a) for a in args]))
 
 
 def losses(out_dir, split="train"):
     return [r["loss"] for r in read_metrics(Path(out_dir) / "metrics.jsonl") if r["split"] == split]
 
 
-def test_short_run_loss_falls_and_checkpoint_loads(tmp_path, env, tiny_args):
-    out = tmp_path / "run"
-    result = run([*tiny_args, "--out_dir", out, "--max_steps", 40, "--log_interval", 5, "--eval_interval", 20,
-                  "--learning_rate", 3e-3, "--warmup_steps", 5], env)
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_short_run_loss_falls_and_checkpoint_loads(trained_run):
+    out = trained_run  # 40 steps, logged every 5, evaluated every 20
     train, val = losses(out), losses(out, "val")
     assert len(train) == 8 and len(val) == 2
     assert train[-1] < train[0] - 0.5 and val[-1] < val[0]
@@ -65,15 +78,19 @@ def test_short_run_loss_falls_and_checkpoint_loads(tmp_path, env, tiny_args):
     assert (out / "checkpoint" / "tokenizer.json").is_file() and (out / "layers.png").is_file()
 
 
-def test_exact_resume(tmp_path, env, tiny_args):
+def straight_and_in_halves(tmp_path, tiny_args, resume) -> tuple[list, Path, Path]:
+    """8 steps straight, and 4 steps then a --resume to 8 on the same schedule, the resume run by resume(flags)."""
     common = [*tiny_args, "--log_interval", 1, "--eval_interval", 100, "--save_interval", 100,
               "--learning_rate", 3e-3, "--warmup_steps", 2]
     straight, halves = tmp_path / "straight", tmp_path / "halves"
-    assert run([*common, "--out_dir", straight, "--max_steps", 8], env).returncode == 0
-    first = run([*common, "--out_dir", halves, "--max_steps", 4, "--lr_decay_steps", 8], env)
-    assert first.returncode == 0, first.stderr[-2000:]
-    second = run([*common, "--out_dir", halves, "--max_steps", 8, "--lr_decay_steps", 8, "--resume"], env)
-    assert second.returncode == 0, second.stderr[-2000:]
+    train_in_process([*common, "--out_dir", straight, "--max_steps", 8])
+    train_in_process([*common, "--out_dir", halves, "--max_steps", 4, "--lr_decay_steps", 8])
+    resume([*common, "--out_dir", halves, "--max_steps", 8, "--lr_decay_steps", 8, "--resume"])
+    return common, straight, halves
+
+
+def test_exact_resume(tmp_path, tiny_args, capsys):
+    common, straight, halves = straight_and_in_halves(tmp_path, tiny_args, train_in_process)
     assert len(losses(straight)) == 8
     assert losses(halves) == losses(straight)  # bit-identical, step by step
     a = load_file(straight / "checkpoint" / "model.safetensors")
@@ -82,12 +99,27 @@ def test_exact_resume(tmp_path, env, tiny_args):
     assert sorted(p.name for p in halves.iterdir() if p.name.startswith("step-")) == ["step-000004", "step-000008"]
 
     # resuming with another batch shape would not continue the same run: refused, checkpoint untouched
-    mismatch = run([*common, "--out_dir", halves, "--max_steps", 12, "--resume", "--batch_size", 2], env)
-    lines = mismatch.stderr.strip().splitlines()
-    assert mismatch.returncode == 2 and "--batch_size" in lines[-1] and lines[-1].startswith("error:")
+    status, lines = refused([*common, "--out_dir", halves, "--max_steps", 12, "--resume", "--batch_size", 2], capsys)
+    assert status == 2 and "--batch_size" in lines[-1] and lines[-1].startswith("error:")
     assert (halves / "checkpoint").resolve().name == "step-000008"
 
 
+@pytest.mark.slow  # a fresh interpreter for the second half
+def test_exact_resume_in_a_fresh_process(tmp_path, env, tiny_args):
+    """The same, with the second half in another process: only what the checkpoint holds carries over."""
+    def in_a_fresh_process(flags):
+        result = run(flags, env)
+        assert result.returncode == 0, result.stderr[-2000:]
+
+    _, straight, halves = straight_and_in_halves(tmp_path, tiny_args, in_a_fresh_process)
+    assert len(losses(straight)) == 8
+    assert losses(halves) == losses(straight)  # bit-identical, step by step
+    a = load_file(straight / "checkpoint" / "model.safetensors")
+    b = load_file(halves / "checkpoint" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow  # an inductor compile: 80 s on 2 busy cores
 def test_compiled_model_trains_like_eager(tmp_path, env, tiny_args):
     common = [*tiny_args, "--max_steps", 3, "--log_interval", 1, "--eval_interval", 3, "--warmup_steps", 1]
     assert run([*common, "--out_dir", tmp_path / "eager"], env).returncode == 0
@@ -115,12 +147,12 @@ def test_sigterm_saves_checkpoint_and_exits_zero(tmp_path, env, tiny_args):
     assert state["step"] == summary["step"] and loaded.config.num_hidden_layers == 2
 
 
-def test_divergence_stops_with_clear_message_and_keeps_checkpoint(tmp_path, env, tiny_args):
+def test_divergence_stops_with_clear_message_and_keeps_checkpoint(tmp_path, tiny_args, capsys):
     out = tmp_path / "run"
-    result = run([*tiny_args, "--out_dir", out, "--max_steps", 60, "--save_interval", 1, "--log_interval", 1,
-                  "--learning_rate", 1e6, "--warmup_steps", 3, "--grad_clip", 0, "--norm", "none"], env)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
+    status, lines = refused([*tiny_args, "--out_dir", out, "--max_steps", 60, "--save_interval", 1,
+                             "--log_interval", 1, "--learning_rate", 1e6, "--warmup_steps", 3, "--grad_clip", 0,
+                             "--norm", "none"], capsys)
+    assert status == 2
     assert lines[-1].startswith("error: loss or gradient became non-finite") and "learning_rate" in lines[-1]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["diverged"] and 1 <= summary["step"] < 60
@@ -129,6 +161,7 @@ def test_divergence_stops_with_clear_message_and_keeps_checkpoint(tmp_path, env,
     assert all(torch.isfinite(t).all() for t in load_file(out / "checkpoint" / "model.safetensors").values())
 
 
+@pytest.mark.slow  # a fresh interpreter and wandb's own service process
 def test_metrics_file_and_offline_wandb_run(tmp_path, env, tiny_args):
     out = tmp_path / "run"
     result = run([*tiny_args, "--out_dir", out, "--max_steps", 6, "--log_interval", 2, "--eval_interval", 3,
@@ -150,21 +183,28 @@ def test_metrics_file_and_offline_wandb_run(tmp_path, env, tiny_args):
     (["--batch_size", "0"], "--batch_size"),
     (["--num_attention_heads", "3"], "--num_attention_heads"),
 ])
-def test_bad_flags_one_line(tmp_path, env, tiny_args, flags, needle):
+def test_bad_flags_one_line(tmp_path, tiny_args, flags, needle, capsys):
     out = tmp_path / "never"
-    result = run([*tiny_args, "--out_dir", out, *flags], env)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.stderr
+    status, lines = refused([*tiny_args, "--out_dir", out, *flags], capsys)
+    assert status == 2
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], lines
     assert not out.exists()
 
 
-def test_unwritable_out_dir(tmp_path, env, tiny_args):
+def test_a_bad_flag_is_one_line_from_the_command_line(tmp_path, env, tiny_args):
+    """The same from a fresh process: nothing else reaches stderr while the libraries load."""
+    result = run([*tiny_args, "--out_dir", tmp_path / "never", "--norm", "groupnorm"], env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: argument --norm: invalid choice"), result.stderr
+    assert not (tmp_path / "never").exists()
+
+
+def test_unwritable_out_dir(tmp_path, tiny_args, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    result = run([*tiny_args, "--out_dir", blocker / "run"], env)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and "not writable" in lines[0]
+    status, lines = refused([*tiny_args, "--out_dir", blocker / "run"], capsys)
+    assert status == 2 and len(lines) == 1 and "not writable" in lines[0]
 
 
 DDP_PROBE = """
@@ -188,6 +228,7 @@ torch.save({{"seen": seen, "state": built[0].state_dict()}}, os.path.join({out!r
 """
 
 
+@pytest.mark.slow  # torchrun and two trainer processes
 def test_ddp_two_processes_gloo(tmp_path, env, tiny_args):
     probe = tmp_path / "probe.py"
     probe.write_text(textwrap.dedent(DDP_PROBE.format(repo=str(REPO), out=str(tmp_path))))

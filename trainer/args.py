@@ -1,21 +1,26 @@
-"""Every training flag, its default and its check, in one place (the trainer and the ablation runner share it)."""
+"""Every training flag: its default, check and role, in one place (the trainer and the ablation runner share it)."""
 
 import argparse
 import os
 from pathlib import Path
 
+from common.cli import ArgumentParser, UserError, require_positive
 from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS
 from trainer.checkpoint import find_checkpoints
-from trainer.cli import ArgumentParser, UserError, require_positive
 from trainer.device import pick_device
 
 # Defaults that depend on the device. The no-flag run must finish in minutes on a 2-core CPU, so off-GPU the
 # model is narrower, and the CPU preset's batch, steps and peak learning rate are the winners of the sweep in
-# the README (Training > Choosing the default CPU run). On CUDA the default is MiniMind2-small (512 wide), not
-# tuned here. Depth stays at 8 layers everywhere, so the 17-norm structure is the one users study.
+# the README (Training > Choosing the default CPU run). On CUDA the default is MiniMind2-small (512 wide) at
+# 128 x 256 = 32,768 tokens per GPU per micro-step, the least that keeps a modern GPU busy rather than waiting on
+# kernel launches, for 50 steps: one pass over the embedded corpus's 1.58M training tokens (docs/gpu.md says how
+# its learning rate and warmup were chosen; no GPU has measured them yet). Depth stays at 8 layers everywhere, so
+# the 17-norm structure is the one users study. diag_interval None = every --log_interval step.
 DEVICE_DEFAULTS = {
-    "cpu": {"hidden_size": 128, "batch_size": 8, "max_steps": 760, "learning_rate": 6e-3},
-    "cuda": {"hidden_size": 512, "batch_size": 16, "max_steps": 400, "learning_rate": 2e-3},
+    "cpu": {"hidden_size": 128, "batch_size": 8, "max_steps": 760, "learning_rate": 6e-3, "warmup_steps": 100,
+            "diag_interval": None},
+    "cuda": {"hidden_size": 512, "batch_size": 128, "max_steps": 50, "learning_rate": 3e-3, "warmup_steps": 10,
+             "diag_interval": 100},
 }
 
 
@@ -24,8 +29,10 @@ def device_defaults(device) -> dict:
     return DEVICE_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
 
 
-def on_device(name: str) -> str:
-    return f"default: {DEVICE_DEFAULTS['cuda'][name]:g} on CUDA, {DEVICE_DEFAULTS['cpu'][name]:g} on CPU"
+def on_device(name: str, unset: str = "") -> str:
+    def shown(value):
+        return unset if value is None else f"{value:g}"
+    return f"default: {shown(DEVICE_DEFAULTS['cuda'][name])} on CUDA, {shown(DEVICE_DEFAULTS['cpu'][name])} on CPU"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--lr_decay_steps", type=int, default=None,
                      help="length of the cosine schedule (default: --max_steps); set it to stop a run early and "
                           "later --resume it with a larger --max_steps on the same schedule")
-    opt.add_argument("--warmup_steps", type=int, default=100, help="linear warmup steps (0 = none)")
+    opt.add_argument("--warmup_steps", type=int, default=None,
+                     help=f"linear warmup steps, 0 = none ({on_device('warmup_steps')})")
     opt.add_argument("--weight_decay", type=float, default=0.1,
                      help="AdamW weight decay on weight matrices (never on norms, biases, embeddings)")
     opt.add_argument("--grad_clip", type=float, default=1.0, help="clip the global gradient norm (0 = off)")
@@ -99,9 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                      help="autocast dtype; auto = bfloat16 on GPUs with native bf16, else float16 (with a "
                           "GradScaler); float32 on CPU (bf16 on a CPU without bf16 hardware trains ~40x slower)")
-    run.add_argument("--compile", action="store_true", help="torch.compile the model")
+    run.add_argument("--compile", action="store_true",
+                     help="torch.compile the model (off by default everywhere: on a 2-core CPU it paid little, and "
+                          "no GPU has measured it yet; scripts/gpu_check.py does). The first step, which compiles, "
+                          "is timed apart as compile_time_s")
     run.add_argument("--seed", type=int, default=0, help="seed for initialization and batch sampling")
     run.add_argument("--log_interval", type=int, default=10, help="steps between logged metrics")
+    run.add_argument("--diag_interval", type=int, default=None,
+                     help="steps between the per-block diagnostics (layer_grad_norm and the layer statistics: an "
+                          "extra forward and a host read each time); such a step also logs, and the last step "
+                          f"always does both ({on_device('diag_interval', '--log_interval')})")
     run.add_argument("--eval_interval", type=int, default=100, help="steps between validation evaluations")
     run.add_argument("--eval_steps", type=int, default=20, help="validation batches per evaluation")
     run.add_argument("--save_interval", type=int, default=200, help="steps between checkpoints")
@@ -126,9 +141,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Every flag's role, declared once. The resume checks (trainer/resume.py), the ablation runner's reuse of finished
+# runs and model_config() derive from it, and a test fails for a flag without one.
+ARCH = "arch"  # a model-config field: on --resume the checkpoint's model decides, and a value given must agree
+FIXED = "fixed"  # changes what the run computes and cannot change mid-run: must match on --resume
+DATA = "data"  # names the data; --resume compares the data's fingerprint (these flags only for older checkpoints)
+ADJUSTABLE = "adjustable"  # changes what the run computes or records, but may change on --resume (a longer run)
+BOOKKEEPING = "bookkeeping"  # where and how a run is kept and watched: never changes what it computes
+FLAG_ROLES = {
+    "data_path": DATA, "text_field": DATA, "tokenizer_path": DATA, "streaming": ADJUSTABLE, "max_seq_len": FIXED,
+    "hidden_size": ARCH, "num_hidden_layers": ARCH, "num_attention_heads": ARCH, "num_key_value_heads": ARCH,
+    "norm": ARCH, "norm_position": ARCH, "mix_ln_fraction": ARCH, "norm_scaling": ARCH, "qk_norm": ARCH,
+    "dyt_alpha_init": ARCH, "dyt_alpha_init_attn": ARCH, "dyt_alpha_init_mlp": ARCH, "dyt_alpha_init_final": ARCH,
+    "max_steps": ADJUSTABLE, "batch_size": FIXED, "accumulation_steps": FIXED, "learning_rate": ADJUSTABLE,
+    "min_lr": ADJUSTABLE, "lr_decay_steps": ADJUSTABLE, "warmup_steps": ADJUSTABLE, "weight_decay": FIXED,
+    "grad_clip": ADJUSTABLE,
+    "out_dir": BOOKKEEPING, "device": ADJUSTABLE, "dtype": ADJUSTABLE, "compile": ADJUSTABLE, "seed": FIXED,
+    "log_interval": ADJUSTABLE, "diag_interval": ADJUSTABLE, "eval_interval": ADJUSTABLE, "eval_steps": ADJUSTABLE,
+    "save_interval": ADJUSTABLE,
+    "resume": BOOKKEEPING, "overwrite": BOOKKEEPING, "keep_checkpoints": BOOKKEEPING, "num_proc": BOOKKEEPING,
+    "dist_timeout": BOOKKEEPING,
+    "use_wandb": BOOKKEEPING, "wandb_project": BOOKKEEPING, "wandb_run_name": BOOKKEEPING, "wandb_group": BOOKKEEPING,
+}
+# An architecture flag sets the model-config field of its name, except these.
+CONFIG_FIELD = {"norm": "norm_type"}
+
+
+def flags_with(role: str) -> tuple[str, ...]:
+    return tuple(flag for flag, r in FLAG_ROLES.items() if r == role)
+
+
+def config_fields() -> dict[str, str]:
+    """Each architecture flag and the model-config field it sets."""
+    return {flag: CONFIG_FIELD.get(flag, flag) for flag in flags_with(ARCH)}
+
+
 POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "log_interval", "eval_interval", "eval_steps",
-            "save_interval", "keep_checkpoints", "hidden_size", "lr_decay_steps", "num_proc")  # the last three may be unset
+            "save_interval", "keep_checkpoints", "diag_interval", "hidden_size", "lr_decay_steps", "num_proc")  # the last three may be unset
 NON_NEGATIVE = ("min_lr", "warmup_steps", "weight_decay", "grad_clip")
 
 
@@ -138,6 +188,8 @@ def fill_device_defaults(args: argparse.Namespace) -> argparse.Namespace:
     for name, value in device_defaults(pick_device(args.device)).items():
         if name != "hidden_size" and getattr(args, name) is None:
             setattr(args, name, value)
+    if args.diag_interval is None:
+        args.diag_interval = args.log_interval
     return args
 
 

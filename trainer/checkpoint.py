@@ -8,7 +8,6 @@ the symlink flip (an atomic rename), so a crash at any moment leaves the previou
 few step folders are kept, and loading falls back to the newest earlier one when a checkpoint is damaged.
 """
 
-import contextlib
 import json
 import random
 import re
@@ -21,9 +20,9 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
+from common.cli import UserError, cannot_write, first_line
+from common.fs import point_symlink, sha256_file, staged_directory
 from model import MiniMindForCausalLM
-from trainer.cli import UserError
-from trainer.fs import point_symlink, sha256_file, staged_directory
 
 LINK = "checkpoint"
 STATE_FILE = "training_state.pt"
@@ -87,23 +86,16 @@ def save_checkpoint(out_dir: Path, model: MiniMindForCausalLM, tokenizer, traini
             shutil.rmtree(link)  # a copied run's real folder in place of the link; the new step supersedes it
         point_symlink(link, final.name)
     except (OSError, RuntimeError, SafetensorError) as err:  # torch and safetensors report write errors as these
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else first_line(err)
-        with contextlib.suppress(OSError):
-            reason += f"; {shutil.disk_usage(out_dir).free / 2**20:,.0f} MiB free there"
         kept = f"the previous checkpoint ({previous.name}) is kept" if previous else "there is no earlier checkpoint"
         again = "--resume" if previous else "--overwrite"
-        raise UserError(f"cannot save the checkpoint for step {step} in {out_dir} ({reason}); {kept}: free some "
-                        f"space or fix the permissions, then run again with {again}") from None
+        raise cannot_write(f"the checkpoint for step {step} in {out_dir}", err, f"{kept}: free some space or fix "
+                           f"the permissions, then run again with {again}", free_in=out_dir) from None
     # Step folders past this step belong to a run that was resumed from an earlier checkpoint; they go too.
     kept = [p for s, p in step_folders(out_dir) if s <= step][:keep]
     for _, path in step_folders(out_dir):
         if path not in kept:
             shutil.rmtree(path, ignore_errors=True)
     return final
-
-
-def first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def verify(path: Path) -> None:

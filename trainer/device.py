@@ -1,16 +1,34 @@
 """Which device and which autocast precision: one answer for the trainer, eval_llm.py and the scripts."""
 
+import functools
+import os
+import sys
 from contextlib import nullcontext
 
 import torch
 
-from trainer.cli import UserError
+from common.cli import UserError
+
+# Device files the NVIDIA driver creates: a GPU is there, whether or not this torch can use it.
+NVIDIA_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl")
+
+
+@functools.cache
+def note_unusable_gpu() -> None:
+    """One line (once per process) when --device auto falls back to the CPU although this torch is built for CUDA
+    and an NVIDIA GPU is present: usually a driver older than the build needs, which would otherwise go unseen."""
+    if torch.version.cuda and any(os.path.exists(f) for f in NVIDIA_DEVICE_FILES):
+        print(f"note: --device auto: an NVIDIA GPU is present and this torch is built for CUDA {torch.version.cuda}, "
+              "but CUDA is not usable (a driver older than the build needs?); training on the CPU "
+              "(--device cuda says why)", file=sys.stderr)
 
 
 def pick_device(name: str = "auto") -> torch.device:
     """auto = cuda when available, else cpu; a device that is not there is a UserError, not a crash later."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+        if name == "cpu":
+            note_unusable_gpu()
     try:
         device = torch.device(name)
     except RuntimeError:

@@ -7,8 +7,23 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-# Dense peak FLOP/s per device for bf16/fp16 tensor-core math (vendor datasheets). MFU is only reported for these.
-PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
+# Dense (no sparsity) peak FLOP/s of bf16/fp16 tensor-core math with fp32 accumulation, from NVIDIA's datasheets
+# and architecture whitepapers, by the name torch.cuda.get_device_name reports (the whole name must match). A
+# device not listed gets no MFU rather than a guess; so does a MIG slice ("NVIDIA H100 80GB HBM3 MIG 3g.40gb"),
+# which has only a share of the GPU's SMs.
+PEAK_FLOPS = [
+    (r"NVIDIA H100 80GB HBM3", 989e12),  # H100 SXM5
+    (r"NVIDIA H100 PCIe", 756e12),
+    (r"NVIDIA H100 NVL", 835e12),
+    (r"NVIDIA H200", 989e12),  # H200 SXM
+    (r"NVIDIA H200 NVL", 835e12),
+    (r"NVIDIA A100[- ](SXM4?-|PCIE-)?(40|80)GB( PCIe)?", 312e12),  # SXM and PCIe, 40 and 80 GB alike
+    (r"NVIDIA L4", 121e12),
+    (r"NVIDIA L40S", 362e12),
+    (r"NVIDIA A10", 125e12),
+    (r"NVIDIA GeForce RTX 4090", 165e12),  # GeForce: fp32 accumulation runs at half the fp16-accumulate rate
+    (r"NVIDIA GeForce RTX 3090", 71e12),
+]
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:
@@ -94,13 +109,12 @@ def layer_stats(model: nn.Module, input_ids: torch.Tensor, precision=None) -> di
     return dict(zip(found, values, strict=True))
 
 
-def block_grad_norms(layers: nn.ModuleList) -> list[float]:
-    """L2 norm of each block's parameter gradients: the vanishing/exploding-gradient picture, per layer."""
-    norms = []
-    for layer in layers:
-        grads = [p.grad.detach().float().norm() for p in layer.parameters() if p.grad is not None]
-        norms.append(torch.stack(grads).norm().item() if grads else 0.0)
-    return norms
+def block_grad_norms(layers: nn.ModuleList) -> torch.Tensor:
+    """L2 norm of each block's parameter gradients (0 for a block without any), as one tensor on the device: the
+    vanishing/exploding-gradient picture, per layer, read back with a single .tolist() when it is logged."""
+    zero = torch.zeros((), device=next(layers.parameters()).device)
+    return torch.stack([torch.linalg.vector_norm(torch.stack(grads)) if grads else zero for grads in (
+        [p.grad.detach().float().norm() for p in layer.parameters() if p.grad is not None] for layer in layers)])
 
 
 def flops_per_token(num_params: int, num_layers: int, hidden_size: int, seq_len: int) -> float:
@@ -108,11 +122,15 @@ def flops_per_token(num_params: int, num_layers: int, hidden_size: int, seq_len:
     return 6 * num_params + 12 * num_layers * hidden_size * seq_len
 
 
+def peak_flops_of(name: str) -> float | None:
+    """The dense bf16/fp16 peak of the device called `name` (see PEAK_FLOPS), or None where it is not known."""
+    return next((flops for pattern, flops in PEAK_FLOPS if re.fullmatch(pattern, name.strip())), None)
+
+
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_FLOPS.items() if re.search(rf"\b{key}\b", name)), None)
+    return peak_flops_of(torch.cuda.get_device_name(device))
 
 
 def peak_memory_mb(device: torch.device) -> float:

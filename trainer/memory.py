@@ -7,20 +7,29 @@ from pathlib import Path
 
 import torch
 
-from trainer.cli import UserError
+from common.cli import UserError
 
-# Values autograd keeps per token, per layer and per unit of width: about 20 measured in MiniMind blocks (attention
-# inputs and outputs, SwiGLU's 8/3-wide projections, norms); 16 keeps the estimate a lower bound.
-SAVED_PER_UNIT = 16
+# Values autograd keeps per token, per layer and per unit of width, counted with saved_tensors_hooks in MiniMind
+# blocks on CPU (4 layers, 128 wide): 19.1 in fp32 (attention inputs and outputs, SwiGLU's 8/3-wide projections,
+# norms). Under 16-bit autocast the matmuls save 16-bit copies of their inputs (each projection its own), 25.5 of
+# them, while the residual stream and the norms stay fp32, 2.3 more. The constants below stay under those counts,
+# so the estimate is a lower bound.
+SAVED_PER_UNIT = 16  # fp32 training
+SAVED_PER_UNIT_AUTOCAST = {2: 20, 4: 2}  # bytes per value: values of that size, under 16-bit autocast
 
 
 def step_memory_bytes(config, num_params: int, batch_size: int, seq_len: int, dtype: torch.dtype) -> int:
     """At least what one micro-step needs: fp32 weights, gradients and AdamW's two moments (16 bytes per
-    parameter), the activations kept for the backward pass, and the fp32 logits with their log-softmax."""
+    parameter), the activations kept for the backward pass, and the logits with their fp32 copy and log-softmax
+    (4 + 4 bytes each in fp32 training, 2 + 4 + 4 under 16-bit autocast)."""
     tokens = batch_size * seq_len
-    width = 2 if dtype in (torch.bfloat16, torch.float16) else 4
-    activations = tokens * config.num_hidden_layers * config.hidden_size * SAVED_PER_UNIT * width
-    logits = tokens * config.vocab_size * 4 * 2
+    units = tokens * config.num_hidden_layers * config.hidden_size
+    if dtype in (torch.bfloat16, torch.float16):
+        activations = units * sum(width * count for width, count in SAVED_PER_UNIT_AUTOCAST.items())
+        logits = tokens * config.vocab_size * (2 + 4 + 4)
+    else:
+        activations = units * SAVED_PER_UNIT * 4
+        logits = tokens * config.vocab_size * (4 + 4)
     return 16 * num_params + activations + logits
 
 

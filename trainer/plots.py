@@ -3,12 +3,7 @@ propagation at initialization (scripts/signal_propagation.py)."""
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+import numpy as np
 
 # Per-layer statistics the trainer logs (trainer/diagnostics.py): record key, panel title, y scale.
 LAYER_PANELS = (
@@ -20,15 +15,28 @@ LAYER_PANELS = (
 )
 
 
+def pyplot():
+    """matplotlib's pyplot, imported on the first figure (it takes seconds) and drawing to files only."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
-    """Each per-layer statistic against block index at the last logged step, one line per run (a statistic a
-    run did not log, for example one written before it existed, is left out of that run's panel)."""
+    """Each per-layer statistic against block index at the last step that recorded it (the trainer's diagnostic
+    steps, --diag_interval), one line per run (a statistic a run never logged, for example one written before it
+    existed, is left out of that run's panel)."""
+    plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(2, 3, figsize=(14, 7))
     for ax, (key, title, scale) in zip(axes.flat, LAYER_PANELS, strict=False):
         for name, records in runs.items():
-            last = [r for r in records if r["split"] == "train"][-1]
-            if last.get(key) is not None:
-                ax.plot(np.arange(len(last[key])), last[key], marker="o", label=name)
+            last = next((r[key] for r in reversed(records) if r["split"] == "train" and r.get(key) is not None), None)
+            if last is not None:
+                ax.plot(np.arange(len(last)), last, marker="o", label=name)
         ax.set(title=title, xlabel="block", yscale=scale)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -55,6 +63,7 @@ def _band(ax, runs: list[list[dict]], split: str, x_key: str, label: str) -> Non
 
 def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
     """Train and validation loss against step and against training wall-clock time, one line per variant."""
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharey="row")
     for (row, split), (col, x_key) in ((rs, xc) for rs in enumerate(("train", "val"))
                                        for xc in enumerate(("step", "train_time_s"))):
@@ -75,6 +84,7 @@ def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
 
 def plot_grid(values: np.ndarray, rows: list, cols: list, path: Path, title: str) -> None:
     """Heatmap of final validation loss (NaN = diverged, drawn as an X) over a learning-rate x warmup grid."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(1.4 + 1.2 * len(cols), 1.0 + 0.6 * len(rows)))
     ax.imshow(np.nan_to_num(values, nan=np.nanmax(values) if np.isfinite(values).any() else 0), cmap="viridis_r",
               aspect="auto")
@@ -95,6 +105,7 @@ def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigr
     an x at the top edge (its loss is left out of the mean; a depth where all diverged has only the x); one
     where some seed plateaued gets a ring around its mean. unigram draws the loss of a context-free model.
     """
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.5))
     top = ax.get_xaxis_transform()  # x in data, y in axes fraction
     depths = sorted({depth for points in lines.values() for depth, _ in points})
@@ -136,6 +147,7 @@ def plot_lr_sensitivity(tuning: list[dict], path: Path) -> None:
     (tuning records of scripts/run_ablation.py --tune_lr). A star marks the chosen lr, a hollow marker a run that
     plateaued, an x at the top edge one that diverged."""
     depths = sorted({t["depth"] for t in tuning})
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(depths), figsize=(6.5 * len(depths) + 3, 4.5), squeeze=False)
     for ax, depth in zip(axes[0], depths, strict=True):
         top = ax.get_xaxis_transform()
@@ -168,6 +180,7 @@ def plot_lr_sensitivity(tuning: list[dict], path: Path) -> None:
 def plot_signal_propagation(results: list[dict], path: Path) -> None:
     """Per-block statistics at initialization (scripts/signal_propagation.py), one line per variant: against the
     block index at the largest depth measured (top row) and against depth (bottom row)."""
+    plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(17, 8))
     deep = max(r["depth"] for r in results)
     variants = list(dict.fromkeys(r["variant"] for r in results))

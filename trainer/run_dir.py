@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from common.cli import UserError
+from common.fs import LockHeld, exclusive_lock, remove_leftovers
 from trainer.checkpoint import LINK, find_checkpoints
-from trainer.cli import UserError
-from trainer.fs import LockHeld, exclusive_lock, remove_leftovers
 
 LOCK_FILE = ".lock"
 RECORDS = ("metrics.jsonl", "summary.json", "layers.png", "wandb")  # a run's files besides its checkpoints

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from trainer.cli import UserError
+from common.cli import UserError, cannot_write, first_line
 
 ONLINE_INIT_TIMEOUT_S = 20
 
@@ -72,8 +72,8 @@ class Tracker:
                 return wandb.init(mode="online", settings=wandb.Settings(init_timeout=ONLINE_INIT_TIMEOUT_S,
                                                                           silent=True), **kwargs)
             except Exception as err:  # any network/auth failure: keep training, log offline
-                first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                print(f"warning: wandb online init failed ({first_line}); logging offline instead", file=sys.stderr)
+                print(f"warning: wandb online init failed ({first_line(err)}); logging offline instead",
+                      file=sys.stderr)
                 mode = "offline"
         return wandb.init(mode=mode, settings=wandb.Settings(silent=True), **kwargs)
 
@@ -88,8 +88,8 @@ class Tracker:
         except OSError as err:  # a full disk or lost permissions: stop with the checkpoints as they are
             with contextlib.suppress(OSError):
                 self.file.close()  # else its unwritten buffer fails once more at exit, in a message of its own
-            raise UserError(f"cannot write to {self.path} ({err.strerror}); the last checkpoint is kept: free some "
-                            "space or fix the permissions, then run again with --resume") from None
+            raise cannot_write(self.path, err, "the last checkpoint is kept: free some space or fix the permissions, "
+                               "then run again with --resume") from None
         if self.run is not None:
             self.run.log(flatten(record))
 

@@ -7,6 +7,7 @@
 The loop lives in train(args), which the ablation runner calls too.
 """
 
+import argparse
 import json
 import math
 import os
@@ -15,8 +16,9 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,6 +36,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from common.cli import UserError, cannot_write, run_cli
+from common.environment import environment
+from common.fs import write_file_atomically
 from data import (
     HOLDOUT_EVERY,
     BatchSampler,
@@ -41,14 +46,12 @@ from data import (
     bits_per_byte,
     load_tokenizer,
     prepare_split,
-    tokenizer_fingerprint,
 )
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.model_minimind import NORM_MODULES
-from trainer.args import device_defaults, parse_args
+from trainer.args import config_fields, device_defaults, parse_args
 from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
-from trainer.cli import UserError, run_cli
-from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, pick_device, resolve_dtype
+from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, resolve_dtype
 from trainer.diagnostics import (
     block_grad_norms,
     flops_per_token,
@@ -57,169 +60,37 @@ from trainer.diagnostics import (
     peak_memory_mb,
 )
 from trainer.evaluation import evaluate
-from trainer.fs import write_file_atomically
 from trainer.memory import require_step_fits
 from trainer.optim import build_optimizer, lr_at, step_unless
 from trainer.plots import plot_layer_profiles
+from trainer.process import InterruptGuard, StopFlag, barrier, setup_distributed
+from trainer.resume import check_resumable, data_fingerprint, keep_metrics_up_to
 from trainer.run_dir import claim_run_dir, discard_run
 from trainer.tracking import Tracker, read_metrics
-
-# ---------------------------------------------------------------------------------------------------------
-# Process setup
-
-
-def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, torch.device]:
-    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; NCCL on CUDA, gloo on CPU.
-
-    A rank that waits on a collective longer than timeout_min minutes (a peer died or hangs) fails the job
-    rather than holding its devices forever."""
-    device = pick_device(device_name)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        return 0, 1, device
-    if device.type == "cuda":
-        device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(minutes=timeout_min))
-    return dist.get_rank(), world_size, device
-
-
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-class SignalHandler:
-    """Handles SIGTERM and SIGINT with self._handle while it exists; restore() puts the previous handlers back."""
-
-    def __init__(self):
-        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def _handle(self, signum, frame):
-        raise NotImplementedError
-
-    def restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-class StopFlag(SignalHandler):
-    """SIGTERM / SIGINT ask the loop to save and exit after the current step instead of dying mid-write (under
-    DDP after the next step that logs, evaluates or saves, where the ranks agree on it)."""
-
-    def __init__(self):
-        self.requested = False
-        super().__init__()
-
-    def _handle(self, signum, frame):
-        self.requested = True
-
-
-class InterruptGuard(SignalHandler):
-    """Outside the loop, SIGTERM acts like Ctrl-C: it raises KeyboardInterrupt in this process, so every cleanup
-    runs (temporary files removed, the run directory unlocked). Forked tokenizer workers leave Ctrl-C to this
-    process, which stops them, and die quietly on SIGTERM. `signal` names the signal once one came."""
-
-    def __init__(self):
-        self.pid, self.signal = os.getpid(), None
-        super().__init__()
-
-    def _handle(self, signum, frame):
-        if os.getpid() != self.pid:
-            if signum == signal.SIGTERM:
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-            return
-        self.signal = signal.Signals(signum).name
-        raise KeyboardInterrupt
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Training
 
 
 def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
     """The architecture the flags ask for; checked before any data is touched, so a bad flag fails at once."""
+    fields = {field: getattr(args, flag) for flag, field in config_fields().items()}
+    fields["hidden_size"] = fields["hidden_size"] or device_defaults(device)["hidden_size"]
     try:
         config = MiniMindConfig(
             vocab_size=len(tokenizer),
-            hidden_size=args.hidden_size or device_defaults(device)["hidden_size"],
-            num_hidden_layers=args.num_hidden_layers,
-            num_attention_heads=args.num_attention_heads,
-            num_key_value_heads=args.num_key_value_heads,
-            norm_type=args.norm,
-            norm_position=args.norm_position,
-            mix_ln_fraction=args.mix_ln_fraction,
-            norm_scaling=args.norm_scaling,
-            qk_norm=args.qk_norm,
-            dyt_alpha_init=args.dyt_alpha_init,
-            dyt_alpha_init_attn=args.dyt_alpha_init_attn,
-            dyt_alpha_init_mlp=args.dyt_alpha_init_mlp,
-            dyt_alpha_init_final=args.dyt_alpha_init_final,
+            **fields,
             max_position_embeddings=args.max_seq_len,  # the context it is trained for; eval_llm.py respects it
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
         )
     except ValueError as err:  # name the flags, not the config fields
-        message = re.sub(r"\b(num_\w+|hidden_size|norm_position|norm_scaling|qk_norm|mix_ln_fraction|dyt_alpha_init\w*)\b",
-                         r"--\1", str(err))
-        raise UserError(re.sub(r"\bnorm_type\b", "--norm", message)) from err
+        flag_of = {field: flag for flag, field in config_fields().items()}
+        raise UserError(re.sub(rf"\b({'|'.join(flag_of)})\b", lambda m: f"--{flag_of[m[1]]}", str(err))) from err
     return config
 
 
 def build_model(config: MiniMindConfig, seed: int) -> MiniMindForCausalLM:
     torch.manual_seed(seed)
     return MiniMindForCausalLM(config)
-
-
-# Flags a checkpoint must be resumed with: another batch shape, seed (its RNG states are restored instead) or
-# weight decay (the optimizer state carries its own) would not continue the same run.
-RESUME_MUST_MATCH = ("max_seq_len", "batch_size", "accumulation_steps", "seed", "weight_decay")
-# The architecture comes from the checkpoint: each flag and its name in the model config.
-ARCHITECTURE = {"norm": "norm_type", **{flag: flag for flag in (
-    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "norm_position",
-    "mix_ln_fraction", "norm_scaling", "qk_norm", "dyt_alpha_init", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
-    "dyt_alpha_init_final")}}
-# What checkpoints from before data fingerprints compare instead: the flags naming the data and tokenizer.
-DATA_FLAGS = ("data_path", "text_field", "tokenizer_path")
-
-
-def data_fingerprint(tokenizer, train_data: PackedTokens, val_data: PackedTokens) -> dict:
-    """What the run trains and evaluates on, whatever the paths were called: the tokenizer's hash and each
-    split's token count and checksum."""
-    return {"tokenizer": tokenizer_fingerprint(tokenizer),
-            **{d.split: {"num_tokens": d.num_tokens, "sha256": d.sha256} for d in (train_data, val_data)}}
-
-
-def check_resumable(state: dict, config: MiniMindConfig, args, data: dict, world_size: int) -> None:
-    """Refuse, in one line, a --resume that would not continue the same run."""
-    saved = state["args"]
-    for name in RESUME_MUST_MATCH + (() if "data" in state else DATA_FLAGS):
-        if saved[name] != getattr(args, name):
-            raise UserError(f"--resume: the checkpoint was trained with --{name} {saved[name]}, not "
-                            f"{getattr(args, name)}; pass the same value (or start a new --out_dir)")
-    for flag, field in ARCHITECTURE.items():
-        given = getattr(args, flag)
-        if given is not None and given != getattr(config, field):
-            raise UserError(f"--resume: the checkpoint's model has --{flag} {getattr(config, field)}, not {given}; "
-                            "pass the same value (or start a new --out_dir for another model)")
-    recorded = state.get("data", data)
-    if recorded["tokenizer"] != data["tokenizer"]:
-        raise UserError(f"--resume: --tokenizer_path {args.tokenizer_path or 'default'} is not the tokenizer the "
-                        "checkpoint was trained with (a copy of that one is in the checkpoint folder); pass it, "
-                        "or start a new --out_dir")
-    for split in ("train", "validation"):
-        if recorded[split] != data[split]:
-            raise UserError(f"--resume: the {split} split of --data_path {args.data_path or 'default'} is not the "
-                            f"data the checkpoint was trained on ({recorded[split]['num_tokens']:,} tokens then, "
-                            f"{data[split]['num_tokens']:,} now; was it edited?); pass the original data, or "
-                            "start a new --out_dir")
-    if len(state["sampler"]) != world_size:
-        raise UserError(f"--resume: the checkpoint was written by {len(state['sampler'])} processes, not "
-                        f"{world_size}; resume with the same number of processes")
 
 
 def require_window(data: PackedTokens, args) -> None:
@@ -233,13 +104,6 @@ def require_window(data: PackedTokens, args) -> None:
                "or the source more documents")
     raise UserError(f"the {data.split} split of --data_path {args.data_path or 'default'} has {data.num_tokens} "
                     f"tokens, fewer than --max_seq_len + 1 = {args.max_seq_len + 1}{fix}")
-
-
-def keep_metrics_up_to(path: Path, step: int) -> None:
-    """On resume, drop records the interrupted run logged after its last checkpoint (they are redone)."""
-    if path.exists():
-        kept = [r for r in read_metrics(path) if r["step"] <= step]
-        write_file_atomically(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
 
 
 def train(args) -> dict:
@@ -262,132 +126,241 @@ def train(args) -> dict:
         interrupts.restore()
 
 
-def run_training(args, rank: int, world_size: int, device: torch.device, tokenizer, config) -> dict:
-    master = rank == 0
-    dtype = resolve_dtype(args.dtype, device)
-    mixed_precision = autocast(device, dtype)
-    out_dir = Path(args.out_dir)
+# ---------------------------------------------------------------------------------------------------------
+# The run in phases: run_training() calls them in order; each reads the Job and moves the TrainState on.
 
+
+@dataclass
+class Job:
+    """What holds for the whole run: the flags, this process's place in the job, its device and precision."""
+    args: argparse.Namespace
+    rank: int
+    world_size: int
+    device: torch.device
+    dtype: torch.dtype
+    tokenizer: object
+    out_dir: Path
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def mixed_precision(self):
+        return autocast(self.device, self.dtype)
+
+
+class Splits(NamedTuple):
+    train: PackedTokens
+    val: PackedTokens
+    fingerprint: dict  # see data_fingerprint
+
+
+@dataclass
+class Accounting:
+    """Sizes and costs of one step, fixed once the model is built: for the banner, the logs and the summary."""
+    num_params: int
+    norm_params: int
+    num_norms: int
+    tokens_per_step: int
+    step_flops: float
+    peak_flops: float | None  # of all the devices together; None where unknown
+
+
+@dataclass
+class TrainState:
+    """What the loop advances and a checkpoint records, and how the loop ended."""
+    raw_model: MiniMindForCausalLM
+    model: torch.nn.Module  # raw_model as it trains: compiled and/or wrapped in DDP
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    sampler: Prefetcher
+    step: int = 0
+    train_time: float = 0.0  # seconds of training, without the warm-up steps (below), evaluations and saves
+    compile_time: float = 0.0  # seconds of the warm-up steps: the first step of each process, which compiles
+    untimed_steps: int = 0  # how many warm-up steps there were (one per start: the first run and each resume)
+    run_id: str | None = None  # the wandb run a resumed run continues
+    diverged: bool = False
+    interrupted: bool = False
+    last_val: dict | None = None  # the last evaluation record of this process
+
+
+def run_training(args, rank: int, world_size: int, device: torch.device, tokenizer, config) -> dict:
+    job = Job(args, rank, world_size, device, resolve_dtype(args.dtype, device), tokenizer, Path(args.out_dir))
+    splits = load_splits(job)
+    state = start_or_resume(job, config, splits)
+    if state.step >= args.max_steps and (job.out_dir / "summary.json").is_file():
+        return finished_summary(job, state)
+    costs = account(job, state.raw_model)
+    tracker = open_tracking(job, splits, state, costs) if job.master else None
+    train_loop(job, splits, state, costs, tracker)
+    return write_summary(job, splits, state, costs, tracker)
+
+
+def load_splits(job: Job) -> Splits:
+    """Tokenized train and validation splits, each long enough for a sequence, and their fingerprint."""
+    args = job.args
     # One process per machine tokenizes (and caches) first; the others then read its finished cache.
     local_master = int(os.environ.get("LOCAL_RANK", "0")) == 0
     if not local_master:
         barrier()
-    splits = [prepare_split(args.data_path, split, tokenizer, args.text_field, num_proc=args.num_proc,
+    splits = [prepare_split(args.data_path, split, job.tokenizer, args.text_field, num_proc=args.num_proc,
                             streaming=args.streaming) for split in ("train", "validation")]
     if local_master:
         barrier()
-    train_data, val_data = splits
     for split_data in splits:
         require_window(split_data, args)
-    fingerprint = data_fingerprint(tokenizer, train_data, val_data)
+    return Splits(*splits, data_fingerprint(job.tokenizer, *splits))
 
-    sampler = Prefetcher(BatchSampler(train_data.tokens, args.batch_size, args.max_seq_len, seed=args.seed,
-                                      rank=rank, world_size=world_size), device)
+
+def start_or_resume(job: Job, config: MiniMindConfig | None, splits: Splits) -> TrainState:
+    """A fresh model, optimizer and sampler; or, with --resume, those of the newest checkpoint that loads, with the
+    sampler and the RNGs where the run stopped."""
+    args = job.args
+    sampler = Prefetcher(BatchSampler(splits.train.tokens, args.batch_size, args.max_seq_len, seed=args.seed,
+                                      rank=job.rank, world_size=job.world_size), job.device)
     if args.resume:
-        raw_model, state = load_checkpoint(out_dir, repair=master)
-        check_resumable(state, raw_model.config, args, fingerprint, world_size)
-        if state["step"] >= args.max_steps:
-            if master:
-                print(f"{out_dir}: the run is already at step {state['step']} of --max_steps {args.max_steps}; "
-                      "nothing to train (raise --max_steps to train further)")
-            if (out_dir / "summary.json").is_file():  # kept as it is; without one, it is written below
-                outcome = {"step": state["step"], "max_steps": args.max_steps, "diverged": False, "interrupted": False}
-                return json.loads((out_dir / "summary.json").read_text()) if master else outcome
+        raw_model, saved = load_checkpoint(job.out_dir, repair=job.master)
+        check_resumable(saved, raw_model.config, args, splits.fingerprint, job.world_size)
+        if saved["step"] >= args.max_steps and job.master:
+            print(f"{job.out_dir}: the run is already at step {saved['step']} of --max_steps {args.max_steps}; "
+                  "nothing to train (raise --max_steps to train further)")
     else:
-        raw_model, state = build_model(config, args.seed), None
-    raw_model.to(device).train()
-    cfg = raw_model.config
+        raw_model, saved = build_model(config, args.seed), None
+    raw_model.to(job.device).train()
     optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    step, train_time, run_id = 0, 0.0, None
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        sampler.load_state_dict(state["sampler"][rank])
-        step, train_time, run_id = state["step"], state["train_time"], state["wandb_run_id"]
-        set_rng_state(state["rng"])
+    scaler = torch.amp.GradScaler(job.device.type, enabled=job.dtype == torch.float16)
+    state = TrainState(raw_model, raw_model, optimizer, scaler, sampler)
+    if saved is not None:
+        optimizer.load_state_dict(saved["optimizer"])
+        if scaler.is_enabled() and not saved["scaler"]:  # bf16 and fp32 runs have no loss scale to carry over
+            if job.master:
+                print("note: --resume: the checkpoint was trained without float16's loss scaling; float16 starts "
+                      "from a fresh GradScaler", file=sys.stderr)
+        else:  # a disabled scaler ignores a saved state (an fp16 checkpoint resumed in bf16 or fp32)
+            scaler.load_state_dict(saved["scaler"])
+        sampler.load_state_dict(saved["sampler"][job.rank])
+        state.step, state.train_time, state.run_id = saved["step"], saved["train_time"], saved["wandb_run_id"]
+        # (checkpoints from before warm-up was timed apart have neither)
+        state.compile_time, state.untimed_steps = saved.get("compile_time", 0.0), saved.get("untimed_steps", 0)
+        set_rng_state(saved["rng"])
 
-    model = torch.compile(raw_model) if args.compile else raw_model
-    if world_size > 1:
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if args.compile:
+        state.model = torch.compile(raw_model)
+    if job.world_size > 1:
+        state.model = DistributedDataParallel(state.model,
+                                              device_ids=[job.device.index] if job.device.type == "cuda" else None)
+    return state
 
+
+def finished_summary(job: Job, state: TrainState) -> dict:
+    """A resumed run with nothing left to train: its summary stays as it is."""
+    if job.master:
+        return json.loads((job.out_dir / "summary.json").read_text())
+    return {"step": state.step, "max_steps": job.args.max_steps, "diverged": False, "interrupted": False}
+
+
+def account(job: Job, raw_model: MiniMindForCausalLM) -> Accounting:
+    """Count the model and price its step; refuse a step that cannot fit in the device's memory."""
+    args, cfg = job.args, raw_model.config
+    if job.device.type == "cuda":  # peak_mem_mb is this run's, also when a process trains many (the ablation runner)
+        torch.cuda.reset_peak_memory_stats(job.device)
     num_params = sum(p.numel() for p in raw_model.parameters())
-    require_step_fits(cfg, num_params, args.batch_size, args.max_seq_len, dtype, device)
+    require_step_fits(cfg, num_params, args.batch_size, args.max_seq_len, job.dtype, job.device)
     norm_params = sum(p.numel() for m in raw_model.modules() if isinstance(m, NORM_MODULES) for p in m.parameters())
-    num_norms, dtype_name = count_norms(raw_model), str(dtype).removeprefix("torch.")
-    tokens_per_step = args.batch_size * args.max_seq_len * args.accumulation_steps * world_size
+    tokens_per_step = args.batch_size * args.max_seq_len * args.accumulation_steps * job.world_size
     step_flops = flops_per_token(num_params, cfg.num_hidden_layers, cfg.hidden_size, args.max_seq_len) * tokens_per_step
-    peak = peak_flops(device, dtype)
-    if peak:
-        peak *= world_size  # utilization of all the devices together
-    val_bpt = val_data.bytes_per_token
+    peak = peak_flops(job.device, job.dtype)
+    return Accounting(num_params, norm_params, count_norms(raw_model), tokens_per_step, step_flops,
+                      peak * job.world_size if peak else peak)  # utilization of all the devices together
 
-    tracker = None
-    if master:
-        if args.resume:
-            keep_metrics_up_to(out_dir / "metrics.jsonl", step)
-        elif args.overwrite:
-            discard_run(out_dir)
-        run_name = args.wandb_run_name or f"{norm_variant(cfg)}-s{args.seed}"
-        run_config = {**vars(args), "num_params": num_params, "norm_params": norm_params,
-                      "num_norms": num_norms, "hidden_size": cfg.hidden_size, "world_size": world_size,
-                      "device": str(device), "dtype": dtype_name, "data": fingerprint}
-        tracker = Tracker(out_dir, args.use_wandb, run_config, args.wandb_project, run_name, args.wandb_group, run_id)
-        if device.type == "cpu":
-            if dtype == torch.bfloat16 and not cpu_has_bf16_matmul():
-                print("warning: this CPU has no bf16 matrix units; bf16 autocast trains far slower than float32",
-                      file=sys.stderr)
-            elif dtype == torch.float16:
-                print("warning: float16 autocast on a CPU is far slower than float32 (few CPUs have fp16 matrix "
-                      "units); it mainly serves to test the GradScaler path", file=sys.stderr)
-            elif args.dtype == "auto" and cpu_has_bf16_matmul():
-                print("note: this CPU has AMX bf16 units; --dtype bfloat16 may train faster than the float32 default",
-                      file=sys.stderr)
-        print(f"model: {num_params / 1e6:.2f}M parameters, {num_norms} norms ({norm_variant(cfg)}), hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | "
-              f"{device} {dtype_name} x{world_size} | train {train_data.num_tokens:,} tokens, "
-              f"val {val_data.num_tokens:,} tokens ({val_bpt:.2f} bytes/token)")
 
-    def save() -> None:
-        samplers = [sampler.state_dict()]  # every rank's, so each draws its own batches after a resume
-        if world_size > 1:
-            samplers = [None] * world_size
-            dist.all_gather_object(samplers, sampler.state_dict())
-        if master:
-            save_checkpoint(out_dir, raw_model, tokenizer, {
-                "step": step, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                "sampler": samplers, "train_time": train_time, "wandb_run_id": tracker.run_id, "args": vars(args),
-                "data": fingerprint,
-            }, args.keep_checkpoints)
+def open_tracking(job: Job, splits: Splits, state: TrainState, costs: Accounting) -> Tracker:
+    """Rank 0 only: prepare out_dir's metrics for this run, start the tracker and print what is trained where."""
+    args, cfg, device, dtype = job.args, state.raw_model.config, job.device, job.dtype
+    if args.resume:
+        keep_metrics_up_to(job.out_dir / "metrics.jsonl", state.step)
+    elif args.overwrite:
+        discard_run(job.out_dir)
+    dtype_name = str(dtype).removeprefix("torch.")
+    run_name = args.wandb_run_name or f"{norm_variant(cfg)}-s{args.seed}"
+    run_config = {**vars(args), "num_params": costs.num_params, "norm_params": costs.norm_params,
+                  "num_norms": costs.num_norms, "hidden_size": cfg.hidden_size, "world_size": job.world_size,
+                  "device": str(device), "dtype": dtype_name, "data": splits.fingerprint}
+    tracker = Tracker(job.out_dir, args.use_wandb, run_config, args.wandb_project, run_name, args.wandb_group,
+                      state.run_id)
+    if device.type == "cpu":
+        if dtype == torch.bfloat16 and not cpu_has_bf16_matmul():
+            print("warning: this CPU has no bf16 matrix units; bf16 autocast trains far slower than float32",
+                  file=sys.stderr)
+        elif dtype == torch.float16:
+            print("warning: float16 autocast on a CPU is far slower than float32 (few CPUs have fp16 matrix "
+                  "units); it mainly serves to test the GradScaler path", file=sys.stderr)
+        elif args.dtype == "auto" and cpu_has_bf16_matmul():
+            print("note: this CPU has AMX bf16 units; --dtype bfloat16 may train faster than the float32 default",
+                  file=sys.stderr)
+    print(f"model: {costs.num_params / 1e6:.2f}M parameters, {costs.num_norms} norms ({norm_variant(cfg)}), "
+          f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | {device} {dtype_name} x{job.world_size} | "
+          f"train {splits.train.num_tokens:,} tokens, "
+          f"val {splits.val.num_tokens:,} tokens ({splits.val.bytes_per_token:.2f} bytes/token)")
+    return tracker
 
-    def run_eval() -> dict:
-        """On every rank, each evaluating its share of the windows; rank 0 logs the all-reduced loss."""
-        loss = evaluate(raw_model, val_data.tokens, args.batch_size, args.max_seq_len, args.eval_steps, device,
-                        mixed_precision, rank=rank, world_size=world_size)
-        record = {"step": step, "split": "val", "loss": loss, "bpb": bits_per_byte(loss, val_bpt),
-                  "train_time_s": train_time}
-        if master:
-            tracker.log(record)
-        return record
 
+def save(job: Job, splits: Splits, state: TrainState, tracker: Tracker | None) -> None:
+    """A checkpoint of the run at state.step (on every rank, since each sends its sampler's position)."""
+    samplers = [state.sampler.state_dict()]  # every rank's, so each draws its own batches after a resume
+    if job.world_size > 1:
+        samplers = [None] * job.world_size
+        dist.all_gather_object(samplers, state.sampler.state_dict())
+    if job.master:
+        save_checkpoint(job.out_dir, state.raw_model, job.tokenizer, {
+            "step": state.step, "optimizer": state.optimizer.state_dict(), "scaler": state.scaler.state_dict(),
+            "sampler": samplers, "train_time": state.train_time, "compile_time": state.compile_time,
+            "untimed_steps": state.untimed_steps, "wandb_run_id": tracker.run_id,
+            "args": vars(job.args), "data": splits.fingerprint,
+        }, job.args.keep_checkpoints)
+
+
+def run_eval(job: Job, splits: Splits, state: TrainState, tracker: Tracker | None) -> dict:
+    """On every rank, each evaluating its share of the windows; rank 0 logs the all-reduced loss."""
+    args = job.args
+    loss = evaluate(state.raw_model, splits.val.tokens, args.batch_size, args.max_seq_len, args.eval_steps,
+                    job.device, job.mixed_precision, rank=job.rank, world_size=job.world_size)
+    record = {"step": state.step, "split": "val", "loss": loss, "bpb": bits_per_byte(loss, splits.val.bytes_per_token),
+              "train_time_s": state.train_time}
+    if job.master:
+        tracker.log(record)
+    return record
+
+
+def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, tracker: Tracker | None) -> None:
+    """Train from state.step to --max_steps, logging, evaluating and saving on their intervals; stop early, after
+    saving, when asked to (SIGTERM, Ctrl-C) or when a step diverges (state.step is then the last good one)."""
+    args, device, raw_model, model, optimizer, scaler, sampler = (
+        job.args, job.device, state.raw_model, state.model, state.optimizer, state.scaler, state.sampler)
+    mixed_precision, world_size, master = job.mixed_precision, job.world_size, job.master
     stop = StopFlag()
-    diverged = stop_requested = False
-    last_val, window_steps, window_start = None, 0, train_time
+    window_steps, window_start = 0, state.train_time
+    warming_up, window_untimed = True, 0
     # The host reads the device only on steps that log, evaluate or save (or when asked to stop), so in between
     # it queues work without waiting for the GPU. Until then the loss sums up on the device, and so does the
     # index of the first step whose loss or gradient was non-finite (inf while there is none): from that step
     # on every update is skipped on the device, so the weights stay those of the last good step.
     window_loss = torch.zeros((), device=device)
     first_bad = torch.full((), math.inf, device=device)
-    pbar = tqdm(total=args.max_steps, initial=step, disable=not master, desc="train", dynamic_ncols=True)
+    pbar = tqdm(total=args.max_steps, initial=state.step, disable=not master, desc="train", dynamic_ncols=True)
     t0 = time.perf_counter()
     try:
-        while step < args.max_steps:
-            lr = lr_at(step, args.lr_decay_steps or args.max_steps, args.learning_rate, args.min_lr, args.warmup_steps)
+        while state.step < args.max_steps:
+            lr = lr_at(state.step, args.lr_decay_steps or args.max_steps, args.learning_rate, args.min_lr,
+                       args.warmup_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            done = step + 1
+            done = state.step + 1
             # Decided alike on every rank, since all take part in the reductions at these steps.
-            log_now = done % args.log_interval == 0 or done == args.max_steps
+            diag_step = done % args.diag_interval == 0 or done == args.max_steps  # per-block diagnostics, also logged
+            log_now = done % args.log_interval == 0 or done == args.max_steps or diag_step
+            diag_now = diag_step and master
             eval_now = done % args.eval_interval == 0 or done == args.max_steps
             save_now = done % args.save_interval == 0 or done == args.max_steps
             loss_sum = torch.zeros((), device=device)
@@ -396,26 +369,36 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
                 last_micro = micro == args.accumulation_steps - 1
                 # Gradients are all-reduced only on the last micro-step; the others just accumulate locally.
                 sync = nullcontext() if last_micro or world_size == 1 else model.no_sync()
-                with sync, mixed_precision:
-                    out = model(input_ids=x, shift_labels=y)
-                    loss = out.loss / args.accumulation_steps
+                with sync, mixed_precision:  # the logits are not kept: freed before the backward needs its memory
+                    loss = model(input_ids=x, shift_labels=y).loss / args.accumulation_steps
                 scaler.scale(loss).backward()
                 loss_sum += loss.detach()
             scaler.unscale_(optimizer)
-            layer_grads = block_grad_norms(raw_model.model.layers) if log_now and master else None  # before clipping
+            layer_grads = block_grad_norms(raw_model.model.layers) if diag_now else None  # before clipping, on the device
             grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip or math.inf)
             # Divergence is a non-finite loss, or a non-finite gradient unless fp16's GradScaler is on: there an
             # overflowing gradient is routine, the step is skipped and the scale lowered.
             finite_grads = torch.isfinite(grad_norm)
             bad = ~torch.isfinite(loss_sum) if scaler.is_enabled() else ~(torch.isfinite(loss_sum) & finite_grads)
-            first_bad = torch.where(bad & first_bad.isinf(), step, first_bad)
+            first_bad = torch.where(bad & first_bad.isinf(), state.step, first_bad)
             step_unless(optimizer, first_bad.isfinite() | ~finite_grads)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             window_loss += loss_sum
             window_steps += 1
-            step += 1
+            state.step += 1
             pbar.update(1)
+            if warming_up:
+                # The first step of a process compiles (--compile) and warms the device up (cuBLAS and attention
+                # plans, the allocator's first blocks): timed apart, once the device has finished it, so that
+                # train_time and tokens/s measure training alone.
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                now = time.perf_counter()
+                state.compile_time += now - t0
+                t0 = now
+                state.untimed_steps += 1
+                warming_up, window_untimed = False, 1
             if not (log_now or eval_now or save_now or (world_size == 1 and stop.requested)):
                 continue
 
@@ -426,74 +409,90 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
             if world_size > 1:
                 dist.all_reduce(summed)
                 dist.all_reduce(earliest_bad, op=dist.ReduceOp.MIN)
-            window_mean, stop_requested = summed[0].item() / world_size / window_steps, summed[1].item() > 0
+            window_mean, state.interrupted = summed[0].item() / world_size / window_steps, summed[1].item() > 0
             earliest_bad = earliest_bad.item()
             now = time.perf_counter()
-            train_time += now - t0
+            state.train_time += now - t0
             t0 = now
             if math.isfinite(earliest_bad):
-                diverged, step = True, int(earliest_bad)  # the steps completed before it; the rest were skipped
+                # the steps completed before it; the rest were skipped
+                state.diverged, state.step = True, int(earliest_bad)
                 break
 
             if log_now:
                 if master:
-                    window_time = max(train_time - window_start, 1e-9)
-                    tokens_per_s = window_steps * tokens_per_step / window_time
+                    # speed over the window's timed steps (a window holding only the warm-up step has none)
+                    timed, window_time = window_steps - window_untimed, state.train_time - window_start
+                    tokens_per_s = timed * costs.tokens_per_step / window_time if timed and window_time else None
+                    peak = costs.peak_flops
                     record = {
-                        "step": step, "split": "train", "loss": window_mean, "lr": lr,
+                        "step": state.step, "split": "train", "loss": window_mean, "lr": lr,
                         "grad_norm": grad_norm.item(), "tokens_per_s": tokens_per_s,
-                        "mfu": step_flops * window_steps / window_time / peak if peak else None,
-                        "peak_mem_mb": peak_memory_mb(device), "train_time_s": train_time,
-                        "tokens": step * tokens_per_step,
-                        "layer_grad_norm": layer_grads,
-                        # untimed: an extra no-grad forward of the last micro-batch at the updated weights
-                        **layer_stats(raw_model, x, mixed_precision),
+                        "mfu": tokens_per_s * costs.step_flops / costs.tokens_per_step / peak
+                        if peak and tokens_per_s else None,
+                        "peak_mem_mb": peak_memory_mb(device), "train_time_s": state.train_time,
+                        "compile_time_s": state.compile_time, "tokens": state.step * costs.tokens_per_step,
                     }
+                    if diag_now:
+                        record["layer_grad_norm"] = layer_grads.tolist()
+                        # untimed: an extra no-grad forward of the last micro-batch at the updated weights
+                        record.update(layer_stats(raw_model, x, mixed_precision))
                     tracker.log(record)
-                    pbar.set_postfix(loss=f"{window_mean:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:.0f}")
-                window_loss, window_steps, window_start = torch.zeros((), device=device), 0, train_time
+                    pbar.set_postfix(loss=f"{window_mean:.3f}", lr=f"{lr:.1e}",
+                                     tok_s=f"{tokens_per_s:.0f}" if tokens_per_s else "-")
+                window_loss, window_steps, window_start = torch.zeros((), device=device), 0, state.train_time
+                window_untimed = 0
             if eval_now:
-                last_val = run_eval()
-            if save_now or stop_requested:
-                save()
-            if stop_requested:
+                state.last_val = run_eval(job, splits, state, tracker)
+            if save_now or state.interrupted:
+                save(job, splits, state, tracker)
+            if state.interrupted:
                 break
             t0 = time.perf_counter()  # evaluation and saving do not count as training time
     finally:
         pbar.close()
         stop.restore()
 
-    # Every rank returns the outcome (the same on all, it was all-reduced); rank 0 adds the numbers and writes them.
-    summary = {"step": step, "max_steps": args.max_steps, "diverged": diverged, "interrupted": stop_requested}
-    if master:
-        records = read_metrics(out_dir / "metrics.jsonl")
-        train_records = [r for r in records if r["split"] == "train"]
-        # A resumed run that evaluated nothing since (or only finished its summary) reports the last evaluation.
-        last_val = last_val or next((r for r in reversed(records) if r["split"] == "val"), None)
-        if train_records:
-            figure = out_dir / "layers.png"
-            plot_layer_profiles({tracker.run.name if tracker.run else out_dir.name: records}, figure)
-            tracker.log_figure("layers", figure, step)
-        summary.update({
-            "train_loss": train_records[-1]["loss"] if train_records else None,
-            "val_loss": last_val["loss"] if last_val else None, "val_bpb": last_val["bpb"] if last_val else None,
-            "tokens_per_s": step * tokens_per_step / train_time if train_time else None,
-            "s_per_step": train_time / step if step else None, "train_time_s": train_time,
-            "num_params": num_params, "norm_params": norm_params, "num_norms": num_norms,
-            "norm": cfg.norm_type, "norm_position": cfg.norm_position, "variant": norm_variant(cfg), "hidden_size": cfg.hidden_size,
-            "seed": args.seed, "out_dir": str(out_dir), "args": vars(args), "data": fingerprint,
-        })
-        try:
-            write_file_atomically(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=1).encode()))
-        except OSError as err:
-            raise UserError(f"cannot write {out_dir / 'summary.json'} ({err.strerror}); the checkpoint is saved: free "
-                            "some space, then run the same command with --resume to write it") from None
-        tracker.close()
+
+def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting, tracker: Tracker | None) -> dict:
+    """Every rank returns the outcome (the same on all, it was all-reduced); rank 0 adds the numbers, writes them
+    to summary.json and plots the layer profiles."""
+    args, out_dir, cfg, step, train_time = job.args, job.out_dir, state.raw_model.config, state.step, state.train_time
+    timed = max(step - state.untimed_steps, 0)  # (a run that diverged in its first step has none)
+    summary = {"step": step, "max_steps": args.max_steps, "diverged": state.diverged, "interrupted": state.interrupted}
+    if not job.master:
+        return summary
+    records = read_metrics(out_dir / "metrics.jsonl")
+    train_records = [r for r in records if r["split"] == "train"]
+    # A resumed run that evaluated nothing since (or only finished its summary) reports the last evaluation.
+    last_val = state.last_val or next((r for r in reversed(records) if r["split"] == "val"), None)
+    if train_records:
+        figure = out_dir / "layers.png"
+        plot_layer_profiles({tracker.run.name if tracker.run else out_dir.name: records}, figure)
+        tracker.log_figure("layers", figure, step)
+    summary.update({
+        "train_loss": train_records[-1]["loss"] if train_records else None,
+        "val_loss": last_val["loss"] if last_val else None, "val_bpb": last_val["bpb"] if last_val else None,
+        # over the timed steps: the warm-up step of each start is in compile_time_s instead
+        "tokens_per_s": timed * costs.tokens_per_step / train_time if timed and train_time else None,
+        "s_per_step": train_time / timed if timed else None, "train_time_s": train_time,
+        "compile_time_s": state.compile_time,
+        "num_params": costs.num_params, "norm_params": costs.norm_params, "num_norms": costs.num_norms,
+        "norm": cfg.norm_type, "norm_position": cfg.norm_position, "variant": norm_variant(cfg),
+        "hidden_size": cfg.hidden_size, "seed": args.seed, "out_dir": str(out_dir), "args": vars(args),
+        "data": splits.fingerprint, "environment": environment(job.device),
+    })
+    try:
+        write_file_atomically(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=1).encode()))
+    except OSError as err:
+        raise cannot_write(out_dir / "summary.json", err, "the checkpoint is saved: free some space, then run the "
+                           "same command with --resume to write it") from None
+    tracker.close()
     return summary
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     summary = train(args)
     if dist.is_initialized():
         dist.destroy_process_group()

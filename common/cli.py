@@ -1,12 +1,30 @@
-"""Shared command-line plumbing: one exception type for bad user input, one way to report it."""
+"""Shared command-line plumbing: one exception type for bad user input, one way to word it, one way to report it."""
 
 import argparse
+import contextlib
+import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 
 class UserError(ValueError):
     """A problem with the user's input: reported as one line, exit status 2, no traceback."""
+
+
+def first_line(err: BaseException) -> str:
+    """An exception's message cut to its first line (libraries raise pages), or its type's name if it has none."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def cannot_write(what: str, err: BaseException, remedy: str, free_in: Path | None = None) -> UserError:
+    """A failed write as one user line: `cannot write <what> (<why>); <remedy>`. The reason is the OS's words
+    for an OSError (e.g. "No space left on device"); free_in adds how much space is left in that folder."""
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else first_line(err)
+    if free_in is not None:
+        with contextlib.suppress(OSError):
+            reason += f"; {shutil.disk_usage(free_in).free / 2**20:,.0f} MiB free there"
+    return UserError(f"cannot write {what} ({reason}); {remedy}")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

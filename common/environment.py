@@ -1,0 +1,65 @@
+"""Where a result came from: the code, the libraries, the machine and the date, recorded beside the numbers."""
+
+import platform
+import subprocess
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def git(*command: str) -> str | None:
+    """The output of a git command in this checkout, or None without git or outside a git checkout."""
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), *command], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_name() -> str:
+    """The CPU model as the kernel names it (e.g. 'AMD EPYC 7B13'), else what the platform module knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: torch.device | str | None = None) -> dict:
+    """The commit (None outside a git checkout) and whether tracked files differed from it, the versions of the
+    libraries that compute the numbers, the device's name (the GPU's for a CUDA device, else the CPU's), torch's
+    thread count and the date (UTC)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    commit = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "git_commit": commit,
+        "git_dirty": None if commit is None or dirty is None else bool(dirty),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": version("transformers"),
+        "datasets": version("datasets"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "threads": torch.get_num_threads(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def describe(env: dict) -> str:
+    """One line for the top of a results page."""
+    commit = f"{env['git_commit'][:12]}{' (dirty)' if env['git_dirty'] else ''}" if env["git_commit"] else "unknown"
+    return (f"Produced {env['date']} by commit {commit}, torch {env['torch']}, transformers {env['transformers']}, "
+            f"datasets {env['datasets']}, on {env['device']} ({env['threads']} threads).")

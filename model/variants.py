@@ -1,0 +1,19 @@
+"""Named normalization setups: "<placement>-<norm>" names (pre-rmsnorm, reorder+qk_proj-rmsnorm, ...) and the
+flags each sets. norm_variant() in model_minimind.py names a config the same way; the ablation runner and
+scripts/signal_propagation.py take these names."""
+
+from model.model_minimind import NORM_POSITIONS, NORM_TYPES
+
+# A placement names the values of the fields that decide where the norms go; fields it leaves out keep these.
+PLACEMENT_DEFAULTS = {"norm_position": "pre", "norm_scaling": "none", "qk_norm": "none"}
+PLACEMENTS = {position: {"norm_position": position} for position in NORM_POSITIONS} | {
+    "pre+depth": {"norm_scaling": "depth"},  # LayerNorm Scaling ("The Curse of Depth")
+    "mix+depth": {"norm_position": "mix", "norm_scaling": "depth"},
+    "pre+qk_head": {"qk_norm": "head"},  # Qwen3
+    "pre+qk_proj": {"qk_norm": "proj"},
+    "peri+qk_head": {"norm_position": "peri", "qk_norm": "head"},  # Gemma 3
+    "reorder+qk_proj": {"norm_position": "reorder", "qk_norm": "proj"},  # OLMo 2
+}
+# "<placement>-<norm>" -> the trainer flags it sets. Names are looked up here, never split on "-".
+VARIANTS = {f"{placement}-{norm}": {**PLACEMENT_DEFAULTS, **fields, "norm": norm}
+            for placement, fields in PLACEMENTS.items() for norm in sorted(NORM_TYPES)}

@@ -1,0 +1,136 @@
+"""The CUDA path on a real GPU (skipped without one): the trainer in bf16, eager and compiled, never waiting on
+the GPU between log steps, resuming, and staying within its memory estimate; the norm kernels against their
+formula; the attention call taking a fused kernel; the MFU peak of this very device.
+scripts/gpu_check.py runs this file first on a lent GPU."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import trainer.train_pretrain as tp
+from model import MiniMindConfig
+from model.model_minimind import RMSNorm
+from trainer.args import parse_args
+from trainer.diagnostics import peak_flops, peak_flops_of
+from trainer.memory import step_memory_bytes
+from trainer.tracking import read_metrics
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+TINY = ["--device", "cuda", "--dtype", "bfloat16", "--hidden_size", "64", "--num_hidden_layers", "2",
+        "--num_attention_heads", "2", "--num_key_value_heads", "1", "--max_seq_len", "64", "--batch_size", "8",
+        "--eval_steps", "2", "--num_proc", "1", "--learning_rate", "3e-3", "--warmup_steps", "2"]
+LOG = 4  # --log_interval, and every evaluation and save falls on a log step
+
+
+@pytest.fixture
+def train_args(tmp_path, monkeypatch, tiny_corpus, tiny_tokenizer_dir):
+    monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
+
+    def make(*flags, out: str = "run"):
+        return parse_args(["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, *TINY,
+                           "--log_interval", str(LOG), "--eval_interval", str(2 * LOG), "--save_interval", str(2 * LOG),
+                           "--out_dir", str(tmp_path / out), *map(str, flags)])
+    return make
+
+
+@pytest.fixture
+def syncs_are_errors(monkeypatch):
+    """Any host-device synchronisation raises on the steps that neither log, evaluate nor save, apart from the
+    first (the warm-up step synchronises once, to time itself apart)."""
+    lr_at = tp.lr_at
+
+    def strict_between_log_steps(step, max_steps, *rest):
+        done = step + 1
+        quiet = step > 0 and done % LOG != 0 and done != max_steps
+        torch.cuda.set_sync_debug_mode("error" if quiet else "default")
+        return lr_at(step, max_steps, *rest)
+
+    monkeypatch.setattr(tp, "lr_at", strict_between_log_steps)
+    yield
+    torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_bf16_training_never_waits_on_the_gpu_between_log_steps(compiled, train_args, syncs_are_errors,
+                                                                tiny_tokenizer):
+    args = train_args("--max_steps", 3 * LOG, *(["--compile"] if compiled else []))
+    summary = tp.train(args)
+    torch.cuda.set_sync_debug_mode("default")
+    assert summary["step"] == 3 * LOG and not summary["diverged"] and math.isfinite(summary["val_loss"])
+    assert summary["compile_time_s"] > 0 and summary["tokens_per_s"] > 0
+    train = [r for r in read_metrics(args.out_dir + "/metrics.jsonl") if r["split"] == "train"]
+    assert train[-1]["loss"] < train[0]["loss"]
+    # the memory estimate is a lower bound of what the step really allocated
+    config = MiniMindConfig(vocab_size=len(tiny_tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+    estimate = step_memory_bytes(config, summary["num_params"], 8, 64, torch.bfloat16) / 2**20
+    assert max(r["peak_mem_mb"] for r in train) >= estimate
+
+
+def test_bf16_resume_continues_the_run(train_args):
+    """Bit-exact resume is a CPU property (tests/test_trainer.py); on a GPU the attention backward may sum in
+    another order, so the resumed run must only stay close to the straight one."""
+    straight = tp.train(train_args("--max_steps", 2 * LOG, "--lr_decay_steps", 2 * LOG, out="straight"))
+    tp.train(train_args("--max_steps", LOG, "--lr_decay_steps", 2 * LOG, out="halves"))
+    resumed = tp.train(train_args("--max_steps", 2 * LOG, "--lr_decay_steps", 2 * LOG, "--resume", out="halves"))
+    assert resumed["step"] == straight["step"] == 2 * LOG
+    assert resumed["val_loss"] == pytest.approx(straight["val_loss"], rel=2e-2)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_on_cuda_matches_the_formula(x_dtype):
+    """The model's RMSNorm as it runs on this GPU (F.rms_norm's fused kernel) against the formula in float64, for
+    the dtypes training feeds it: fp32 (the residual stream under autocast) and bf16 (QK-norm's input)."""
+    torch.manual_seed(0)
+    norm = RMSNorm(512).cuda()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = (torch.randn(16, 64, 512, device="cuda") * 3).to(x_dtype).requires_grad_()
+    y = norm(x)
+    x64, w64 = x.detach().double().requires_grad_(), norm.weight.detach().double().requires_grad_()
+    ref = (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + norm.eps)) * w64
+    tol = 1e-5 if x_dtype == torch.float32 else 2 * torch.finfo(torch.bfloat16).eps
+    torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol)
+    dy = torch.randn_like(y)
+    got = torch.autograd.grad(y, [x, norm.weight], dy)
+    want = torch.autograd.grad(ref, [x64, w64], dy.double())
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=2e-2 if x_dtype == torch.bfloat16 else 1e-4, atol=1e-2)
+
+
+def test_training_attention_takes_a_fused_kernel():
+    """The trainer's SDPA call (bf16, causal, grouped-query, head_dim 64) runs on flash or cuDNN attention: with
+    only those allowed, a fallback to the math kernel would raise."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(8, 8, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(8, 2, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+
+
+def test_mfu_peak_of_this_device():
+    """This GPU's name is looked up as such: a known datacenter or listed GeForce card gets its peak, a MIG slice
+    none. A failure here names a device the table should learn (trainer/diagnostics.py PEAK_FLOPS)."""
+    name = torch.cuda.get_device_name()
+    peak = peak_flops(torch.device("cuda"), torch.bfloat16)
+    assert peak == peak_flops_of(name)
+    known = any(family in name for family in ("H100", "H200", "A100", "L4", "L40S", "RTX 4090", "RTX 3090"))
+    if "MIG" in name:
+        assert peak is None, name
+    elif known:
+        assert peak is not None, f"{name!r} is not in PEAK_FLOPS"
+
+
+def test_peak_memory_is_each_runs_own(train_args):
+    """Runs in one process (as the ablation runner trains them): a small run after a large one reports its own
+    peak, not the large one's."""
+    large = tp.train(train_args("--max_steps", 2, "--batch_size", 64, "--log_interval", 2, out="large"))
+    small = tp.train(train_args("--max_steps", 2, "--batch_size", 2, "--log_interval", 2, out="small"))
+
+    def peak(summary):
+        return max(r["peak_mem_mb"] for r in read_metrics(summary["out_dir"] + "/metrics.jsonl")
+                   if r["split"] == "train")
+    assert peak(small) < peak(large)

@@ -1,0 +1,54 @@
+"""Provenance: what environment() records, with and without git."""
+
+import subprocess
+from datetime import datetime, timedelta, timezone
+
+import torch
+
+import common.environment as provenance
+from common.environment import describe, environment
+
+KEYS = {"git_commit", "git_dirty", "python", "torch", "transformers", "datasets", "device", "threads", "date"}
+
+
+def git(repo, *command):
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *command], check=True,
+                   capture_output=True)
+
+
+def test_the_libraries_machine_threads_and_date():
+    env = environment(torch.device("cpu"))
+    assert set(env) == KEYS
+    assert env["torch"] == torch.__version__ and env["threads"] == torch.get_num_threads()
+    assert env["transformers"][0].isdigit() and env["datasets"][0].isdigit()
+    assert env["device"] == provenance.cpu_name() and env["device"]
+    date = datetime.fromisoformat(env["date"])
+    assert date.utcoffset() == timedelta(0) and abs(datetime.now(timezone.utc) - date) < timedelta(hours=1)
+    assert describe(env).startswith(f"Produced {env['date']} by commit ")
+
+
+def test_the_commit_and_whether_tracked_files_differ(tmp_path, monkeypatch):
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
+    git(tmp_path, "init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git(tmp_path, "add", "code.py")
+    git(tmp_path, "commit", "-qm", "first")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    env = environment()
+    assert env["git_commit"] == head.strip() and env["git_dirty"] is False
+    (tmp_path / "notes.txt").write_text("untracked files do not change what the code computes\n")
+    assert environment()["git_dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    env = environment()
+    assert env["git_dirty"] is True and f"commit {head[:12]} (dirty)" in describe(env)
+
+
+def test_git_is_optional(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # git must not find a checkout above
+    monkeypatch.setattr(provenance, "REPO", tmp_path)  # not a git checkout (a release tarball, say)
+    env = environment()
+    assert env["git_commit"] is None and env["git_dirty"] is None and "by commit unknown" in describe(env)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git program at all
+    monkeypatch.setattr(provenance, "REPO", provenance.Path(__file__).resolve().parents[1])
+    env = environment()
+    assert env["git_commit"] is None and env["git_dirty"] is None and env["torch"] == torch.__version__

@@ -1,0 +1,83 @@
+"""Process setup around a training job: which device and rank this process is, and how it answers signals."""
+
+import os
+import signal
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from trainer.device import pick_device
+
+
+def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, torch.device]:
+    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; NCCL on CUDA, gloo on CPU.
+
+    A rank that waits on a collective longer than timeout_min minutes (a peer died or hangs) fails the job
+    rather than holding its devices forever."""
+    device = pick_device(device_name)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and device.type == "cuda":
+        device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
+    if device.type == "cuda" and device.index is not None:
+        # The current device is what CUDA calls without an explicit device use (RNG state at saves, bf16 support,
+        # pinned memory): --device cuda:1 must not also open a context on GPU 0.
+        torch.cuda.set_device(device)
+    if world_size == 1:
+        return 0, 1, device
+    if not dist.is_initialized():
+        # device_id binds NCCL's communicator to this rank's GPU at once (no "best-guess GPU" at the first barrier)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=timeout_min),
+                                device_id=device if device.type == "cuda" else None)
+    return dist.get_rank(), world_size, device
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+class SignalHandler:
+    """Handles SIGTERM and SIGINT with self._handle while it exists; restore() puts the previous handlers back."""
+
+    def __init__(self):
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+class StopFlag(SignalHandler):
+    """SIGTERM / SIGINT ask the loop to save and exit after the current step instead of dying mid-write (under
+    DDP after the next step that logs, evaluates or saves, where the ranks agree on it)."""
+
+    def __init__(self):
+        self.requested = False
+        super().__init__()
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+
+class InterruptGuard(SignalHandler):
+    """Outside the loop, SIGTERM acts like Ctrl-C: it raises KeyboardInterrupt in this process, so every cleanup
+    runs (temporary files removed, the run directory unlocked). Forked tokenizer workers leave Ctrl-C to this
+    process, which stops them, and die quietly on SIGTERM. `signal` names the signal once one came."""
+
+    def __init__(self):
+        self.pid, self.signal = os.getpid(), None
+        super().__init__()
+
+    def _handle(self, signum, frame):
+        if os.getpid() != self.pid:
+            if signum == signal.SIGTERM:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            return
+        self.signal = signal.Signals(signum).name
+        raise KeyboardInterrupt
