@@ -21,6 +21,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import model  # noqa: F401  (registers MiniMind with the Auto classes)
+from data.tokenizer import save_tokenizer
 from model import MiniMindForCausalLM
 from model.hf_export import hf_config, hf_family
 from trainer.checkpoint import resolve_model_dir
@@ -37,11 +38,10 @@ def max_logit_difference(a, b, vocab_size: int, seed: int = 0) -> float:
     return (a(input_ids=ids).logits.float() - b(input_ids=ids).logits.float()).abs().max().item()
 
 
-def convert(src: Path, dst: Path) -> str:
-    """Write the export to dst and return the family's class name; UserError (nothing written) if it cannot."""
+def export_model(src: Path) -> tuple[Path, MiniMindForCausalLM, torch.nn.Module]:
+    """(model directory, the MiniMind model, the float32 transformers model holding the same weights), or a
+    one-line UserError for a checkpoint that no allowlisted family computes exactly. Shared with convert_to_gguf.py."""
     src = resolve_model_dir(src)
-    if dst.exists():
-        raise UserError(f"{dst} already exists; choose a new output directory")
     try:
         cfg = AutoConfig.from_pretrained(src)
     except Exception as err:  # unknown model_type, malformed JSON, ...
@@ -63,13 +63,21 @@ def convert(src: Path, dst: Path) -> str:
     with torch.no_grad():
         for key in gains:  # parameter-free RMSNorm has no gain: the equivalent is a gain of exactly 1
             target.get_parameter(key).fill_(1.0)
+    return src, source, target.eval()
+
+
+def convert(src: Path, dst: Path) -> str:
+    """Write the export to dst and return the family's class name; UserError (nothing written) if it cannot."""
+    if dst.exists():
+        raise UserError(f"{dst} already exists; choose a new output directory")
+    src, source, target = export_model(src)
     with staged_directory(dst) as tmp:
         target.save_pretrained(tmp)
         if any((src / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-            AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
+            save_tokenizer(AutoTokenizer.from_pretrained(src), tmp)
         # The self-check reads what was written, with transformers' own class and none of this repo's code.
         reloaded = type(target).from_pretrained(tmp, dtype=torch.float32).eval()
-        diff = max_logit_difference(source, reloaded, cfg.vocab_size)
+        diff = max_logit_difference(source, reloaded, source.config.vocab_size)
         if not diff <= TOLERANCE:
             raise UserError(f"the exported {type(target).__name__} differs from the checkpoint (max |logit "
                             f"difference| {diff:.2e} > {TOLERANCE:g}); nothing was written")

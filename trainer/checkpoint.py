@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
+from data.tokenizer import save_tokenizer
 from model import MiniMindForCausalLM
 from trainer.cli import UserError
 from trainer.fs import point_symlink, sha256_file, staged_directory
@@ -79,7 +80,7 @@ def save_checkpoint(out_dir: Path, model: MiniMindForCausalLM, tokenizer, traini
             shutil.rmtree(final)  # left by a crash before its link flip, so never the checkpoint
         with staged_directory(final) as tmp:
             model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+            save_tokenizer(tokenizer, tmp)
             torch.save({**training_state, "rng": rng_state()}, tmp / STATE_FILE)
             manifest = {p.name: [p.stat().st_size, sha256_file(p)] for p in sorted(tmp.iterdir())}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
