@@ -70,11 +70,14 @@ def test_import_gives_exactly_the_same_logits(tmp_path, tiny_tokenizer_dir, vers
         assert torch.equal(imported(ids).logits, source(ids).logits)
 
 
-def test_untied_minimind3_stays_untied_and_exports(tmp_path, tiny_tokenizer_dir):
+def test_untied_minimind3_resume_file_stays_untied_and_exports(tmp_path, tiny_tokenizer_dir):
     tokenizer = load_tokenizer(tiny_tokenizer_dir)
     source = minimind_model(tokenizer, "3", tie_word_embeddings=False)
-    save_pth(source, tmp_path / "full_sft_64.pth", torch.float32)
-    imported = convert_from_minimind.convert(tmp_path / "full_sft_64.pth", tiny_tokenizer_dir, tmp_path / "out")
+    # MiniMind's *_resume.pth: the state dict under "model", beside the optimizer's state and counters
+    state = save_pth(source, tmp_path / "full_sft_64_resume.pth", torch.float32)
+    torch.save({"model": state, "optimizer": {"state": {}, "param_groups": []}, "epoch": 1, "step": 10},
+               tmp_path / "full_sft_64_resume.pth")
+    imported = convert_from_minimind.convert(tmp_path / "full_sft_64_resume.pth", tiny_tokenizer_dir, tmp_path / "out")
     assert not imported.config.tie_word_embeddings
     ids = torch.arange(16)[None] * 3
     with torch.no_grad():
