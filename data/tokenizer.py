@@ -71,11 +71,15 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, path: str | Path) -> None:
-    """save_pretrained, with tokenizer_config.json naming a class that transformers 4.x and 5.x both load."""
+    """save_pretrained, with a tokenizer_config.json that transformers 4.x and 5.x both load (with the same ids)."""
     tokenizer.save_pretrained(path)
     config_file = Path(path) / "tokenizer_config.json"
     config = json.loads(config_file.read_text(encoding="utf-8"))
     config["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
+    # 5.x also writes further special tokens (MiniMind's tokenizer has 20) as a list named "extra_special_tokens",
+    # which 4.x reads as a dict and fails on; "additional_special_tokens" is the list both versions read.
+    if isinstance(config.get("extra_special_tokens"), list) and (extra := config.pop("extra_special_tokens")):
+        config["additional_special_tokens"] = extra
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 

@@ -139,14 +139,21 @@ def test_shipped_tokenizer():
 PORTABLE_TOKENIZER_CLASSES = {"PreTrainedTokenizerFast"}
 
 
-@pytest.mark.parametrize("writer", ["shipped", "save_tokenizer", "checkpoint", "hf_export"])
-def test_saved_tokenizer_config_names_a_portable_class(tmp_path, tiny_tokenizer, tiny_texts, writer):
+@pytest.mark.parametrize("writer", ["shipped", "save_tokenizer", "extra_special_tokens", "checkpoint", "hf_export"])
+def test_saved_tokenizer_config_names_a_portable_class(tmp_path, tiny_tokenizer_dir, tiny_tokenizer, tiny_texts,
+                                                       writer):
     tiny = MiniMindConfig(vocab_size=len(tiny_tokenizer), hidden_size=32, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
     if writer == "shipped":
         directory = DEFAULT_TOKENIZER_DIR
     elif writer == "save_tokenizer":
         save_tokenizer(tiny_tokenizer, directory := tmp_path / "tok")
+    elif writer == "extra_special_tokens":  # as MiniMind's tokenizer has; 5.x writes them in a form 4.x fails on
+        with_extra = load_tokenizer(tiny_tokenizer_dir)
+        with_extra.add_special_tokens({"additional_special_tokens": ["<|image_pad|>", "<|audio_pad|>"]})
+        save_tokenizer(with_extra, directory := tmp_path / "tok")
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+        assert "extra_special_tokens" not in config and len(config["additional_special_tokens"]) == 2
     elif writer == "checkpoint":
         directory = save_checkpoint(tmp_path / "run", MiniMindForCausalLM(tiny), tiny_tokenizer, {"step": 1}, keep=1)
     else:
@@ -157,7 +164,7 @@ def test_saved_tokenizer_config_names_a_portable_class(tmp_path, tiny_tokenizer,
     tokenizer = getattr(transformers, class_name).from_pretrained(str(directory))
     # Identical ids: the named class adds nothing to what tokenizer.json alone encodes, and decodes them back.
     raw = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    for text in [*tiny_texts[-3:], f"{EOT}<|im_start|>user<|im_end|>"]:
+    for text in [*tiny_texts[-3:], f"{EOT}<|im_start|>user<|im_end|><|image_pad|>"]:
         ids = tokenizer(text)["input_ids"]
         assert ids == raw.encode(text).ids and tokenizer.decode(ids) == text
     assert tokenizer.eos_token == EOT
