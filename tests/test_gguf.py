@@ -174,3 +174,13 @@ def test_self_check_catches_a_bad_write(tmp_path, tiny_tokenizer_dir, monkeypatc
     with pytest.raises(UserError, match="differs from the export; nothing was written"):
         convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf")
     assert list(tmp_path.glob("*m.gguf*")) == []
+
+
+def test_refuses_a_tokenizer_llama_cpps_gpt2_does_not_split_the_same_way(tmp_path, tiny_tokenizer_dir):
+    tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir)
+    spec = json.loads((tmp_path / "src" / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["pre_tokenizer"]["add_prefix_space"] = True  # " Hello" and "Hello" would tokenize alike: not "gpt-2"
+    (tmp_path / "src" / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(UserError, match="GPT-2-style byte-level BPE tokenizers only"):
+        convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf")
+    assert list(tmp_path.glob("*m.gguf*")) == []
