@@ -6,6 +6,7 @@ from data.tokenizer import (
     DEFAULT_TOKENIZER_DIR,
     SPECIAL_TOKENS,
     load_tokenizer,
+    save_tokenizer,
     tokenizer_fingerprint,
     train_tokenizer,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "load_texts",
     "load_tokenizer",
     "prepare_split",
+    "save_tokenizer",
     "shakespeare_plays",
     "tokenizer_fingerprint",
     "train_tokenizer",

@@ -1,6 +1,7 @@
 """The byte-level BPE tokenizer: training it, loading it, and fingerprinting it for cache keys."""
 
 import hashlib
+import json
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -13,6 +14,10 @@ from data.corpus import load_texts, reading
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
 DEFAULT_VOCAB_SIZE = 6400
+# The class name tokenizer_config.json records. transformers 5 saves "TokenizersBackend", a name 4.x does not know
+# (llama.cpp's converter pins 4.x); "PreTrainedTokenizerFast" is the same class in 5.x (an alias) and loads the same
+# tokenizer.json, with the same ids, in both.
+PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # every byte, plus the special tokens
 
 
@@ -63,6 +68,19 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, path: str | Path) -> None:
+    """save_pretrained, with a tokenizer_config.json that transformers 4.x and 5.x both load (with the same ids)."""
+    tokenizer.save_pretrained(path)
+    config_file = Path(path) / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
+    # 5.x also writes further special tokens (MiniMind's tokenizer has 20) as a list named "extra_special_tokens",
+    # which 4.x reads as a dict and fails on; "additional_special_tokens" is the list both versions read.
+    if isinstance(config.get("extra_special_tokens"), list) and (extra := config.pop("extra_special_tokens")):
+        config["additional_special_tokens"] = extra
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:

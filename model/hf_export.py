@@ -39,7 +39,7 @@ def hf_config(cfg, family: str | None = None) -> PretrainedConfig:
     """The config of the transformers model that computes exactly what a MiniMind model of config cfg does."""
     family = family or hf_family(cfg)
     extra = {"head_dim": cfg.head_dim, "use_sliding_window": False} if family == "qwen3" else {}
-    return CONFIG_CLASSES[family](
+    config = CONFIG_CLASSES[family](
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
@@ -57,3 +57,7 @@ def hf_config(cfg, family: str | None = None) -> PretrainedConfig:
         pad_token_id=cfg.pad_token_id,
         **extra,
     )
+    # transformers 5 keeps theta inside rope_parameters only; 4.x reads a top-level rope_theta and, without one,
+    # silently uses its default 10000. Set as an attribute, it is written beside rope_parameters for both.
+    config.rope_theta = cfg.rope_theta
+    return config

@@ -18,14 +18,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-import model  # noqa: F401  (registers MiniMind with the Auto classes)
-from common.cli import ArgumentParser, UserError, first_line, run_cli
+from common.cli import ArgumentParser, UserError, run_cli
 from common.fs import staged_directory
-from model import MiniMindForCausalLM
-from model.hf_export import hf_config, hf_family
-from trainer.checkpoint import resolve_model_dir
+from data.tokenizer import save_tokenizer
+from trainer.export import export_model
 
 TOLERANCE = 1e-4
 
@@ -39,37 +37,16 @@ def max_logit_difference(a, b, vocab_size: int, seed: int = 0) -> float:
 
 def convert(src: Path, dst: Path) -> str:
     """Write the export to dst and return the family's class name; UserError (nothing written) if it cannot."""
-    src = resolve_model_dir(src)
     if dst.exists():
         raise UserError(f"{dst} already exists; choose a new output directory")
-    try:
-        cfg = AutoConfig.from_pretrained(src)
-    except Exception as err:  # unknown model_type, malformed JSON, ...
-        raise UserError(f"{src}: cannot read config.json ({first_line(err)})") from None
-    if cfg.model_type != "minimind":
-        raise UserError(f"{src} holds a {cfg.model_type!r} model, not a MiniMind checkpoint")
-    try:
-        family = hf_family(cfg)
-    except ValueError as err:
-        raise UserError(f"cannot export this checkpoint: {err}") from None
-
-    source = MiniMindForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    target = AutoModelForCausalLM.from_config(hf_config(cfg, family), dtype=torch.float32)
-    missing, unexpected = target.load_state_dict(source.state_dict(), strict=False)
-    gains = [k for k in missing if k.endswith("norm.weight")]
-    if unexpected or set(missing) != set(gains) or (gains and cfg.norm_type != "rmsnorm_noparam"):
-        raise UserError(f"{src}: weights do not match the {type(target).__name__} layout "
-                        f"(missing {missing}, unexpected {unexpected})")
-    with torch.no_grad():
-        for key in gains:  # parameter-free RMSNorm has no gain: the equivalent is a gain of exactly 1
-            target.get_parameter(key).fill_(1.0)
+    src, source, target = export_model(src)
     with staged_directory(dst) as tmp:
         target.save_pretrained(tmp)
         if any((src / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-            AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
+            save_tokenizer(AutoTokenizer.from_pretrained(src), tmp)
         # The self-check reads what was written, with transformers' own class and none of this repo's code.
         reloaded = type(target).from_pretrained(tmp, dtype=torch.float32).eval()
-        diff = max_logit_difference(source, reloaded, cfg.vocab_size)
+        diff = max_logit_difference(source, reloaded, source.config.vocab_size)
         if not diff <= TOLERANCE:
             raise UserError(f"the exported {type(target).__name__} differs from the checkpoint (max |logit "
                             f"difference| {diff:.2e} > {TOLERANCE:g}); nothing was written")

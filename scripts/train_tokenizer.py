@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.cli import ArgumentParser, run_cli
-from data.tokenizer import DEFAULT_TOKENIZER_DIR, DEFAULT_VOCAB_SIZE, train_tokenizer
+from data.tokenizer import DEFAULT_TOKENIZER_DIR, DEFAULT_VOCAB_SIZE, save_tokenizer, train_tokenizer
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streaming", action="store_true", help="stream the source instead of caching it as Arrow")
     args = parser.parse_args(argv)
     tokenizer = train_tokenizer(args.data_path, args.text_field, args.vocab_size, args.streaming)
-    tokenizer.save_pretrained(args.out_dir)  # only now, so a bad input leaves nothing behind
+    save_tokenizer(tokenizer, args.out_dir)  # only now, so a bad input leaves nothing behind
     print(f"saved a {len(tokenizer)}-token tokenizer to {args.out_dir}")
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from data import load_tokenizer, shakespeare_plays, train_tokenizer
+from data import load_tokenizer, save_tokenizer, shakespeare_plays, train_tokenizer
 
 TINY_VOCAB_SIZE = 400
 
@@ -32,7 +32,7 @@ def tiny_corpus(tmp_path_factory, tiny_texts) -> str:
 def tiny_tokenizer_dir(tmp_path_factory, tiny_corpus) -> str:
     """A byte-level BPE tokenizer with TINY_VOCAB_SIZE tokens, trained on tiny_corpus and saved like the real one."""
     path = tmp_path_factory.mktemp("tokenizer")
-    train_tokenizer(tiny_corpus, vocab_size=TINY_VOCAB_SIZE).save_pretrained(path)
+    save_tokenizer(train_tokenizer(tiny_corpus, vocab_size=TINY_VOCAB_SIZE), path)
     return str(path)
 
 

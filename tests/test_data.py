@@ -12,6 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+import transformers
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 import data.token_stream
@@ -24,10 +26,14 @@ from data import (
     load_texts,
     load_tokenizer,
     prepare_split,
+    save_tokenizer,
     shakespeare_plays,
     tokenizer_fingerprint,
 )
+from model import MiniMindConfig, MiniMindForCausalLM
 from scripts import train_tokenizer as train_tokenizer_script
+from scripts.convert_to_hf import convert
+from trainer.checkpoint import save_checkpoint
 
 EOT = "<|endoftext|>"
 
@@ -124,6 +130,42 @@ def test_shipped_tokenizer():
         assert ids[0] != tokenizer.bos_token_id  # nothing is prepended
         assert tokenizer.decode(ids) == text
     assert load_tokenizer().backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
+
+
+# Classes that transformers 4.4x-4.5x and 5.x all load from a tokenizer_config.json (llama.cpp's converter pins
+# 4.x; 5.x's own name, TokenizersBackend, does not exist there).
+PORTABLE_TOKENIZER_CLASSES = {"PreTrainedTokenizerFast"}
+
+
+@pytest.mark.parametrize("writer", ["shipped", "save_tokenizer", "extra_special_tokens", "checkpoint", "hf_export"])
+def test_saved_tokenizer_config_names_a_portable_class(tmp_path, tiny_tokenizer_dir, tiny_tokenizer, tiny_texts,
+                                                       writer):
+    tiny = MiniMindConfig(vocab_size=len(tiny_tokenizer), hidden_size=32, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
+    if writer == "shipped":
+        directory = DEFAULT_TOKENIZER_DIR
+    elif writer == "save_tokenizer":
+        save_tokenizer(tiny_tokenizer, directory := tmp_path / "tok")
+    elif writer == "extra_special_tokens":  # as MiniMind's tokenizer has; 5.x writes them in a form 4.x fails on
+        with_extra = load_tokenizer(tiny_tokenizer_dir)
+        with_extra.add_special_tokens({"additional_special_tokens": ["<|image_pad|>", "<|audio_pad|>"]})
+        save_tokenizer(with_extra, directory := tmp_path / "tok")
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+        assert "extra_special_tokens" not in config and len(config["additional_special_tokens"]) == 2
+    elif writer == "checkpoint":
+        directory = save_checkpoint(tmp_path / "run", MiniMindForCausalLM(tiny), tiny_tokenizer, {"step": 1}, keep=1)
+    else:
+        save_checkpoint(tmp_path / "run", MiniMindForCausalLM(tiny), tiny_tokenizer, {"step": 1}, keep=1)
+        convert(tmp_path / "run", directory := tmp_path / "hf")
+    class_name = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))["tokenizer_class"]
+    assert class_name in PORTABLE_TOKENIZER_CLASSES
+    tokenizer = getattr(transformers, class_name).from_pretrained(str(directory))
+    # Identical ids: the named class adds nothing to what tokenizer.json alone encodes, and decodes them back.
+    raw = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    for text in [*tiny_texts[-3:], f"{EOT}<|im_start|>user<|im_end|><|image_pad|>"]:
+        ids = tokenizer(text)["input_ids"]
+        assert ids == raw.encode(text).ids and tokenizer.decode(ids) == text
+    assert tokenizer.eos_token == EOT
 
 
 def test_tiny_tokenizer_round_trips(tiny_tokenizer, tiny_texts):

@@ -2,6 +2,7 @@
 QK-norm, DeepNorm's init, DyT's per-position alpha and BatchNorm's leak."""
 
 import importlib.util
+import json
 import math
 import re
 import subprocess
@@ -389,6 +390,8 @@ def test_export_gives_the_same_logits(tmp_path, overrides, cls):
     model = tiny_model(**overrides)
     model.save_pretrained(tmp_path / "src")
     assert load_converter().convert(tmp_path / "src", tmp_path / "dst") == cls.__name__
+    # transformers 4.x reads theta from here (5.x from rope_parameters); without it 4.x would use 10000
+    assert json.loads((tmp_path / "dst" / "config.json").read_text())["rope_theta"] == model.config.rope_theta
     exported = cls.from_pretrained(tmp_path / "dst").eval()
     with torch.no_grad():
         assert (exported(ids()).logits - model(ids()).logits).abs().max().item() <= 1e-4

@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 
 from common.cli import UserError, cannot_write, first_line
 from common.fs import point_symlink, sha256_file, staged_directory
+from data.tokenizer import save_tokenizer
 from model import MiniMindForCausalLM
 
 LINK = "checkpoint"
@@ -78,7 +79,7 @@ def save_checkpoint(out_dir: Path, model: MiniMindForCausalLM, tokenizer, traini
             shutil.rmtree(final)  # left by a crash before its link flip, so never the checkpoint
         with staged_directory(final) as tmp:
             model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+            save_tokenizer(tokenizer, tmp)
             torch.save({**training_state, "rng": rng_state()}, tmp / STATE_FILE)
             manifest = {p.name: [p.stat().st_size, sha256_file(p)] for p in sorted(tmp.iterdir())}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))

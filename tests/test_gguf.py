@@ -1,0 +1,186 @@
+"""scripts/convert_to_gguf.py: the files it writes, read back by the gguf package and run by a small model of
+llama.cpp's forward pass (rotation layout, norm placement, output fallback per architecture), not by llama.cpp."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from common.cli import UserError, run_cli
+from data import load_tokenizer, save_tokenizer
+from model import MiniMindConfig, MiniMindForCausalLM
+from scripts import convert_to_gguf
+
+FAMILIES = {
+    "llama": {},
+    "llama-noparam-untied": {"norm_type": "rmsnorm_noparam", "tie_word_embeddings": False},
+    "qwen3": {"qk_norm": "head"},
+    "olmo2": {"norm_position": "reorder", "qk_norm": "proj"},
+}
+
+
+def tiny_checkpoint(path: Path, tokenizer_dir: str, **overrides) -> MiniMindForCausalLM:
+    """A saved tiny model with non-trivial norm gains (a gain of 1 would hide a misplaced norm) and its tokenizer."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    torch.manual_seed(0)
+    config = MiniMindConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=64, rope_theta=500.0, rms_norm_eps=1e-6,
+                            max_position_embeddings=128, **overrides)
+    model = MiniMindForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(path)
+    save_tokenizer(tokenizer, path)
+    return model
+
+
+def read_gguf(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    reader = gguf.GGUFReader(path)
+    meta = {name: field.contents() for name, field in reader.fields.items()}
+    tensors = {t.name: torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())
+               .reshape(tuple(int(n) for n in reversed(t.shape))) for t in reader.tensors}
+    return meta, tensors
+
+
+def rms(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
+
+
+def rope(x: torch.Tensor, theta: float, adjacent_pairs: bool) -> torch.Tensor:
+    """x: [seq, heads, d]. llama.cpp's Llama rotates dimensions (2i, 2i+1); its Qwen3 and OLMo 2 (i, i + d/2)."""
+    d = x.shape[-1]
+    angle = torch.arange(x.shape[0])[:, None] * theta ** (-torch.arange(0, d, 2) / d)
+    cos, sin = angle.cos()[:, None], angle.sin()[:, None]
+    a, b = (x[..., 0::2], x[..., 1::2]) if adjacent_pairs else (x[..., : d // 2], x[..., d // 2 :])
+    a, b = a * cos - b * sin, a * sin + b * cos
+    return torch.stack((a, b), -1).flatten(-2) if adjacent_pairs else torch.cat((a, b), -1)
+
+
+def llama_cpp_style_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
+    """Logits [seq, vocab] for one sequence, computed from the GGUF file alone as llama.cpp's graphs do."""
+    meta, t = read_gguf(path)
+    arch = meta["general.architecture"]
+    n_head, n_kv = meta[f"{arch}.attention.head_count"], meta[f"{arch}.attention.head_count_kv"]
+    eps, theta = meta[f"{arch}.attention.layer_norm_rms_epsilon"], meta[f"{arch}.rope.freq_base"]
+    seq, hd = len(ids), meta[f"{arch}.embedding_length"] // n_head
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    x = t["token_embd.weight"][ids]
+    for i in range(meta[f"{arch}.block_count"]):
+        w = {k.removeprefix(f"blk.{i}."): v for k, v in t.items() if k.startswith(f"blk.{i}.")}
+        h = x if arch == "olmo2" else rms(x, w["attn_norm.weight"], eps)
+        q, k, v = h @ w["attn_q.weight"].T, h @ w["attn_k.weight"].T, h @ w["attn_v.weight"].T
+        if arch == "olmo2":  # QK-norm over the whole projection
+            q, k = rms(q, w["attn_q_norm.weight"], eps), rms(k, w["attn_k_norm.weight"], eps)
+        q, k, v = q.view(seq, n_head, hd), k.view(seq, n_kv, hd), v.view(seq, n_kv, hd)
+        if arch == "qwen3":  # QK-norm per head
+            q, k = rms(q, w["attn_q_norm.weight"], eps), rms(k, w["attn_k_norm.weight"], eps)
+        q, k = rope(q, theta, arch == "llama"), rope(k, theta, arch == "llama")
+        k, v = k.repeat_interleave(n_head // n_kv, 1), v.repeat_interleave(n_head // n_kv, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd)
+        attn = torch.einsum("hqk,khd->qhd", scores.masked_fill(~causal, -math.inf).softmax(-1), v)
+        o = attn.reshape(seq, -1) @ w["attn_output.weight"].T
+        x = x + (rms(o, w["post_attention_norm.weight"], eps) if arch == "olmo2" else o)
+        h = x if arch == "olmo2" else rms(x, w["ffn_norm.weight"], eps)
+        m = (F.silu(h @ w["ffn_gate.weight"].T) * (h @ w["ffn_up.weight"].T)) @ w["ffn_down.weight"].T
+        x = x + (rms(m, w["post_ffw_norm.weight"], eps) if arch == "olmo2" else m)
+    # llama.cpp's Llama and Qwen3 loaders fall back to the embeddings for a missing output matrix; OLMo 2's does not.
+    assert "output.weight" in t or arch != "olmo2", "llama.cpp's OLMo 2 loader needs output.weight"
+    return rms(x, t["output_norm.weight"], eps) @ t.get("output.weight", t["token_embd.weight"]).T
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_gguf_computes_what_the_checkpoint_does(tmp_path, tiny_tokenizer_dir, family):
+    model = tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir, **FAMILIES[family])
+    arch = convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf")
+    assert arch == family.split("-")[0]
+    ids = torch.randint(0, model.config.vocab_size, (20,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(ids[None]).logits[0]
+    assert (llama_cpp_style_logits(tmp_path / "m.gguf", ids) - expected).abs().max().item() <= 1e-4
+
+    meta, tensors = read_gguf(tmp_path / "m.gguf")
+    cfg = model.config
+    assert {k.removeprefix(f"{arch}."): v for k, v in meta.items() if k.startswith(f"{arch}.")} == pytest.approx({
+        "context_length": 128, "embedding_length": 32, "feed_forward_length": 64, "block_count": 2,
+        "attention.head_count": 4, "attention.head_count_kv": 2, "attention.key_length": 8,
+        "attention.value_length": 8, "rope.dimension_count": 8, "rope.freq_base": 500.0,
+        "attention.layer_norm_rms_epsilon": 1e-6, "vocab_size": cfg.vocab_size})
+    has_qk_norm = cfg.qk_norm != "none"
+    assert ("blk.1.attn_q_norm.weight" in tensors) == has_qk_norm == ("blk.1.attn_k_norm.weight" in tensors)
+    if has_qk_norm:  # per head (Qwen3) or over the whole projection (OLMo 2)
+        assert tensors["blk.1.attn_k_norm.weight"].shape == ((8,) if arch == "qwen3" else (16,))
+    assert ("output.weight" in tensors) == (arch == "olmo2" or not cfg.tie_word_embeddings)
+
+    spec = json.loads((tmp_path / "src" / "tokenizer.json").read_text(encoding="utf-8"))
+    by_id = {i: tok for tok, i in spec["model"]["vocab"].items()}
+    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "gpt-2"
+    assert meta["tokenizer.ggml.tokens"] == [by_id[i] for i in range(cfg.vocab_size)]
+    assert meta["tokenizer.ggml.merges"] == [" ".join(m) for m in spec["model"]["merges"]]
+    assert meta["tokenizer.ggml.token_type"][:4] == [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL]
+    assert meta["tokenizer.ggml.eos_token_id"] == meta["tokenizer.ggml.bos_token_id"] == 0  # <|endoftext|>
+    assert meta["tokenizer.ggml.add_bos_token"] is False
+
+
+@pytest.mark.parametrize("outtype", ["f16", "bf16"])
+def test_half_precision_rounds_only_the_matrices(tmp_path, tiny_tokenizer_dir, outtype):
+    model = tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir, qk_norm="head")
+    convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf", outtype)
+    stored = {t.name: t.tensor_type for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    half = gguf.GGMLQuantizationType[outtype.upper()]
+    assert {n for n, kind in stored.items() if kind == half} == {n for n in stored if not n.endswith("norm.weight")}
+    assert {stored[n] for n in stored if n.endswith("norm.weight")} == {gguf.GGMLQuantizationType.F32}
+    # The same model with its matrices rounded the same way (nearest even) computes what the file does.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.copy_(param.to(getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[outtype])).float())
+        ids = torch.arange(12) * 7
+        expected = model(ids[None]).logits[0]
+    assert (llama_cpp_style_logits(tmp_path / "m.gguf", ids) - expected).abs().max().item() <= 1e-4
+
+
+def test_refuses_what_no_family_computes_in_one_line(tmp_path, tiny_tokenizer_dir, monkeypatch, capsys):
+    tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir, norm_position="peri")
+    capsys.readouterr()  # save_pretrained's progress bar
+    monkeypatch.setattr(sys, "argv", ["convert_to_gguf.py", str(tmp_path / "src"), str(tmp_path / "m.gguf")])
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(convert_to_gguf.main)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot export") and "peri" in lines[0]
+    assert list(tmp_path.glob("*m.gguf*")) == []
+
+
+def test_refuses_an_existing_output(tmp_path, tiny_tokenizer_dir):
+    tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir)
+    (tmp_path / "m.gguf").write_bytes(b"mine")
+    with pytest.raises(UserError, match="already exists"):
+        convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf")
+    assert (tmp_path / "m.gguf").read_bytes() == b"mine"
+
+
+def test_self_check_catches_a_bad_write(tmp_path, tiny_tokenizer_dir, monkeypatch):
+    """A writer that alters the stored values is caught by the read-back, and nothing is left behind."""
+    tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir)
+    monkeypatch.setattr(gguf.quants, "quantize", lambda data, qtype: (data + 1e-3).astype(np.float32))
+    with pytest.raises(UserError, match="differs from the export; nothing was written"):
+        convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf")
+    assert list(tmp_path.glob("*m.gguf*")) == []
+
+
+def test_refuses_a_tokenizer_llama_cpps_gpt2_does_not_split_the_same_way(tmp_path, tiny_tokenizer_dir):
+    tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir)
+    spec = json.loads((tmp_path / "src" / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["pre_tokenizer"]["add_prefix_space"] = True  # " Hello" and "Hello" would tokenize alike: not "gpt-2"
+    (tmp_path / "src" / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(UserError, match="GPT-2-style byte-level BPE tokenizers only"):
+        convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf")
+    assert list(tmp_path.glob("*m.gguf*")) == []

@@ -1,0 +1,126 @@
+"""scripts/convert_from_minimind.py: MiniMind2 / MiniMind-3 state dicts, built from this repository's own model under
+the key names MiniMind's published code uses, come back as checkpoints that compute exactly the same logits."""
+
+import sys
+
+import pytest
+import torch
+
+from common.cli import UserError, run_cli
+from data import load_tokenizer
+from eval_llm import load
+from model import MiniMindConfig, MiniMindForCausalLM
+from scripts import convert_from_minimind
+from scripts.convert_to_hf import convert as convert_to_hf
+
+# The published defaults each import relies on when the shapes cannot tell (MiniMindConfig in model/model_minimind.py
+# of jingyaogong/minimind: MiniMind2 as of 2026-01, MiniMind-3 as of 2026-05).
+VERSION_EPS = {"2": 1e-5, "3": 1e-6}
+
+
+def minimind_keys(layers: int, version: str) -> set[str]:
+    """The state dict keys of MiniMind's MiniMindForCausalLM (dense, no MoE), as its trainers save them."""
+    per_layer = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "input_layernorm",
+                 "post_attention_layernorm", "mlp.gate_proj", "mlp.down_proj", "mlp.up_proj"]
+    if version == "3":
+        per_layer += ["self_attn.q_norm", "self_attn.k_norm"]
+    keys = {f"model.layers.{i}.{name}.weight" for i in range(layers) for name in per_layer}
+    return keys | {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+
+
+def minimind_model(tokenizer, version: str, **overrides) -> MiniMindForCausalLM:
+    """This repository's model shaped as a MiniMind of that version, with non-trivial norm gains."""
+    torch.manual_seed(0)
+    config = MiniMindConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=192, rms_norm_eps=VERSION_EPS[version],
+                            qk_norm="head" if version == "3" else "none", **overrides)
+    model = MiniMindForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    return model
+
+
+def save_pth(model: MiniMindForCausalLM, path, dtype=torch.float16) -> dict[str, torch.Tensor]:
+    """What MiniMind's trainers write (state_dict with every tensor cast to half); returns it."""
+    state = {k: v.to(dtype) for k, v in model.state_dict().items()}
+    torch.save(state, path)
+    return state
+
+
+@pytest.mark.parametrize("version,dtype", [("2", torch.float16), ("3", torch.float16), ("3", torch.float32)])
+def test_import_gives_exactly_the_same_logits(tmp_path, tiny_tokenizer_dir, version, dtype):
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    source = minimind_model(tokenizer, version)
+    state = save_pth(source, tmp_path / "pretrain_64.pth", dtype)
+    assert set(state) == minimind_keys(2, version)
+    # MiniMind2's head count is not in its shapes: the flag gives it (default 8); MiniMind-3's q_norm gives it.
+    heads = 4 if version == "2" else None
+    convert_from_minimind.convert(tmp_path / "pretrain_64.pth", tiny_tokenizer_dir, tmp_path / "out", heads=heads)
+
+    imported, _ = load(tmp_path / "out")  # as eval_llm.py reads it
+    cfg = imported.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.intermediate_size, cfg.rms_norm_eps, cfg.rope_theta, cfg.qk_norm, cfg.tie_word_embeddings) == \
+        (64, 2, 4, 2, 192, VERSION_EPS[version], 1e6, source.config.qk_norm, True)
+    with torch.no_grad():
+        source.load_state_dict({k: v.float() for k, v in state.items()})  # the values the .pth holds
+        ids = torch.randint(0, len(tokenizer), (2, 24), generator=torch.Generator().manual_seed(1))
+        assert torch.equal(imported(ids).logits, source(ids).logits)
+
+
+def test_untied_minimind3_resume_file_stays_untied_and_exports(tmp_path, tiny_tokenizer_dir):
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    source = minimind_model(tokenizer, "3", tie_word_embeddings=False)
+    # MiniMind's *_resume.pth: the state dict under "model", beside the optimizer's state and counters
+    state = save_pth(source, tmp_path / "full_sft_64_resume.pth", torch.float32)
+    torch.save({"model": state, "optimizer": {"state": {}, "param_groups": []}, "epoch": 1, "step": 10},
+               tmp_path / "full_sft_64_resume.pth")
+    imported = convert_from_minimind.convert(tmp_path / "full_sft_64_resume.pth", tiny_tokenizer_dir, tmp_path / "out")
+    assert not imported.config.tie_word_embeddings
+    ids = torch.arange(16)[None] * 3
+    with torch.no_grad():
+        assert torch.equal(imported(ids).logits, source(ids).logits)
+    assert convert_to_hf(tmp_path / "out", tmp_path / "hf") == "Qwen3ForCausalLM"
+
+
+@pytest.mark.parametrize("change,named", [
+    ("moe", ["model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.0.mlp.gate.weight"]),
+    ("drop", ["model.layers.1.post_attention_layernorm.weight"]),
+])
+def test_unknown_or_missing_keys_are_refused_by_name(tmp_path, tiny_tokenizer_dir, change, named):
+    state = save_pth(minimind_model(load_tokenizer(tiny_tokenizer_dir), "2"), tmp_path / "m.pth")
+    if change == "moe":  # MiniMind's MoE variant has a router and experts where the dense MLP is
+        state.update({key: torch.zeros(4, 64) for key in named})
+    else:
+        del state[named[0]]
+    torch.save(state, tmp_path / "m.pth")
+    with pytest.raises(UserError) as err:
+        convert_from_minimind.convert(tmp_path / "m.pth", tiny_tokenizer_dir, tmp_path / "out", heads=4)
+    message = str(err.value)
+    assert "\n" not in message and all(key in message for key in named)
+    assert ("unknown keys" if change == "moe" else "missing keys") in message
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", ["not_a_pth", "wrong_tokenizer", "version_3_of_a_minimind2"])
+def test_bad_input_is_one_line_on_the_command_line(tmp_path, tiny_tokenizer_dir, monkeypatch, capsys, case):
+    tokenizer_dir = tiny_tokenizer_dir
+    if case == "not_a_pth":
+        (tmp_path / "m.pth").write_bytes(b"not a pickle")
+    else:
+        vocab = 300 if case == "wrong_tokenizer" else None
+        tokenizer = load_tokenizer(tiny_tokenizer_dir)
+        model = minimind_model(tokenizer, "2") if vocab is None else MiniMindForCausalLM(
+            MiniMindConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=1, num_attention_heads=4))
+        save_pth(model, tmp_path / "m.pth")
+    flags = ["--version", "3"] if case == "version_3_of_a_minimind2" else []
+    monkeypatch.setattr(sys, "argv", ["convert_from_minimind.py", str(tmp_path / "m.pth"), tokenizer_dir,
+                                      str(tmp_path / "out"), *flags])
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(convert_from_minimind.main)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
+    assert {"not_a_pth": "cannot read", "wrong_tokenizer": "300", "version_3_of_a_minimind2": "q_norm"}[case] in lines[0]
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,42 @@
+"""A trainer checkpoint as the transformers model that computes the same function (model/hf_export.py picks the
+family), for the converters in scripts/."""
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import model  # noqa: F401  (registers MiniMind with the Auto classes)
+from common.cli import UserError, first_line
+from model import MiniMindForCausalLM
+from model.hf_export import hf_config, hf_family
+from trainer.checkpoint import resolve_model_dir
+
+
+def export_model(src: Path) -> tuple[Path, MiniMindForCausalLM, torch.nn.Module]:
+    """(model directory, the MiniMind model, the float32 transformers model holding the same weights), or a
+    one-line UserError for a checkpoint that no allowlisted family computes exactly. Shared by
+    scripts/convert_to_hf.py and scripts/convert_to_gguf.py."""
+    src = resolve_model_dir(src)
+    try:
+        cfg = AutoConfig.from_pretrained(src)
+    except Exception as err:  # unknown model_type, malformed JSON, ...
+        raise UserError(f"{src}: cannot read config.json ({first_line(err)})") from None
+    if cfg.model_type != "minimind":
+        raise UserError(f"{src} holds a {cfg.model_type!r} model, not a MiniMind checkpoint")
+    try:
+        family = hf_family(cfg)
+    except ValueError as err:
+        raise UserError(f"cannot export this checkpoint: {err}") from None
+
+    source = MiniMindForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_config(hf_config(cfg, family), dtype=torch.float32)
+    missing, unexpected = target.load_state_dict(source.state_dict(), strict=False)
+    gains = [k for k in missing if k.endswith("norm.weight")]
+    if unexpected or set(missing) != set(gains) or (gains and cfg.norm_type != "rmsnorm_noparam"):
+        raise UserError(f"{src}: weights do not match the {type(target).__name__} layout "
+                        f"(missing {missing}, unexpected {unexpected})")
+    with torch.no_grad():
+        for key in gains:  # parameter-free RMSNorm has no gain: the equivalent is a gain of exactly 1
+            target.get_parameter(key).fill_(1.0)
+    return src, source, target.eval()
