@@ -8,6 +8,7 @@ from model.model_minimind import (
     NORM_SCALINGS,
     NORM_TYPES,
     QK_NORMS,
+    V_NORMS,
     MiniMindConfig,
     MiniMindForCausalLM,
     count_norms,
@@ -17,5 +18,5 @@ from model.model_minimind import (
 AutoConfig.register(MiniMindConfig.model_type, MiniMindConfig, exist_ok=True)
 AutoModelForCausalLM.register(MiniMindConfig, MiniMindForCausalLM, exist_ok=True)
 
-__all__ = ["NORM_POSITIONS", "NORM_SCALINGS", "NORM_TYPES", "QK_NORMS", "MiniMindConfig", "MiniMindForCausalLM",
+__all__ = ["NORM_POSITIONS", "NORM_SCALINGS", "NORM_TYPES", "QK_NORMS", "V_NORMS", "MiniMindConfig", "MiniMindForCausalLM",
            "count_norms", "norm_variant"]

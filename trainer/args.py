@@ -4,7 +4,7 @@ import argparse
 import os
 from pathlib import Path
 
-from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS
+from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS, V_NORMS
 from trainer.checkpoint import find_checkpoints
 from trainer.cli import ArgumentParser, UserError, require_positive
 from trainer.device import pick_device
@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="normalize queries and keys before RoPE with --norm's statistics. head: over each "
                             "head's dimensions (Qwen3, Gemma 3); proj: over the whole q and k projections, "
                             "across heads (OLMo 2)")
+    model.add_argument("--v_norm", default="none", choices=V_NORMS,
+                       help="head: normalize each head's values before attention with --norm's statistics "
+                            "(self_attn.v_norm; with --qk_norm head this is Gemma 3n/4's QKV-norm)")
     model.add_argument("--dyt_alpha_init", type=float, default=0.5,
                        help="with --norm dyt: initial alpha of tanh(alpha * x) in every norm not set below, "
                             "QK-norms included (0.5 is the DyT paper's default for non-LLM models)")

@@ -154,6 +154,7 @@ def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
             mix_ln_fraction=args.mix_ln_fraction,
             norm_scaling=args.norm_scaling,
             qk_norm=args.qk_norm,
+            v_norm=args.v_norm,
             dyt_alpha_init=args.dyt_alpha_init,
             dyt_alpha_init_attn=args.dyt_alpha_init_attn,
             dyt_alpha_init_mlp=args.dyt_alpha_init_mlp,
@@ -164,7 +165,7 @@ def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
             bos_token_id=tokenizer.bos_token_id,
         )
     except ValueError as err:  # name the flags, not the config fields
-        message = re.sub(r"\b(num_\w+|hidden_size|norm_position|norm_scaling|qk_norm|mix_ln_fraction|dyt_alpha_init\w*)\b",
+        message = re.sub(r"\b(num_\w+|hidden_size|norm_position|norm_scaling|qk_norm|v_norm|mix_ln_fraction|dyt_alpha_init\w*)\b",
                          r"--\1", str(err))
         raise UserError(re.sub(r"\bnorm_type\b", "--norm", message)) from err
     return config
@@ -181,7 +182,7 @@ RESUME_MUST_MATCH = ("max_seq_len", "batch_size", "accumulation_steps", "seed", 
 # The architecture comes from the checkpoint: each flag and its name in the model config.
 ARCHITECTURE = {"norm": "norm_type", **{flag: flag for flag in (
     "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "norm_position",
-    "mix_ln_fraction", "norm_scaling", "qk_norm", "dyt_alpha_init", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
+    "mix_ln_fraction", "norm_scaling", "qk_norm", "v_norm", "dyt_alpha_init", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
     "dyt_alpha_init_final")}}
 # What checkpoints from before data fingerprints compare instead: the flags naming the data and tokenizer.
 DATA_FLAGS = ("data_path", "text_field", "tokenizer_path")
