@@ -489,3 +489,16 @@ def test_export_refuses_v_norm():
     from model.hf_export import hf_family
     with pytest.raises(ValueError, match="v_norm"):
         hf_family(MiniMindConfig(**TINY, qk_norm="head", v_norm="head"))
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_norm_weight_decay_shrinks_gains_by_lr_times_decay(on):
+    from trainer.optim import build_optimizer
+    model = tiny_model(perturb=False)
+    gain = model.model.layers[0].input_layernorm.weight
+    optimizer = build_optimizer(model, lr=0.1, weight_decay=0.5, norm_weight_decay=on)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    expected = torch.full_like(gain, 1 - 0.1 * 0.5 if on else 1.0)
+    torch.testing.assert_close(gain.detach(), expected)

@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--warmup_steps", type=int, default=100, help="linear warmup steps (0 = none)")
     opt.add_argument("--weight_decay", type=float, default=0.1,
                      help="AdamW weight decay on weight matrices (never on norms, biases, embeddings)")
+    opt.add_argument("--norm_weight_decay", action="store_true",
+                     help="also apply --weight_decay to norm gains (pulls a gain toward 0; default off)")
     opt.add_argument("--grad_clip", type=float, default=1.0, help="clip the global gradient norm (0 = off)")
 
     run = p.add_argument_group("run")

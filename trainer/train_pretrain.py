@@ -298,7 +298,7 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
         raw_model, state = build_model(config, args.seed), None
     raw_model.to(device).train()
     cfg = raw_model.config
-    optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay)
+    optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay, args.norm_weight_decay)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     step, train_time, run_id = 0, 0.0, None
     if state is not None:
