@@ -8,6 +8,7 @@ from model.model_minimind import (
     NORM_SCALINGS,
     NORM_TYPES,
     QK_NORMS,
+    V_NORMS,
     MiniMindConfig,
     MiniMindForCausalLM,
     count_norms,
@@ -18,5 +19,5 @@ from model.variants import PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
 AutoConfig.register(MiniMindConfig.model_type, MiniMindConfig, exist_ok=True)
 AutoModelForCausalLM.register(MiniMindConfig, MiniMindForCausalLM, exist_ok=True)
 
-__all__ = ["NORM_POSITIONS", "NORM_SCALINGS", "NORM_TYPES", "QK_NORMS", "MiniMindConfig", "MiniMindForCausalLM",
-           "count_norms", "norm_variant", "PLACEMENT_DEFAULTS", "PLACEMENTS", "VARIANTS"]
+__all__ = ["NORM_POSITIONS", "NORM_SCALINGS", "NORM_TYPES", "QK_NORMS", "V_NORMS", "MiniMindConfig",
+           "MiniMindForCausalLM", "count_norms", "norm_variant", "PLACEMENT_DEFAULTS", "PLACEMENTS", "VARIANTS"]

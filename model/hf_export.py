@@ -28,6 +28,9 @@ def hf_family(cfg) -> str:
     if cfg.norm_scaling != "none":
         raise ValueError(f"norm_scaling={cfg.norm_scaling!r} scales the norm outputs by 1/sqrt(layer), which no "
                          "Hugging Face family does (it adds no weights to carry it)")
+    if getattr(cfg, "v_norm", "none") != "none":
+        raise ValueError(f"v_norm={cfg.v_norm!r} normalizes v per head, which Llama, Qwen3 and OLMo 2 do not do "
+                         f"(Gemma 3n/4 do, with other changes not matched here); exportable: {ALLOWED}")
     family = FAMILIES.get((cfg.norm_position, cfg.qk_norm))
     if family is None:
         raise ValueError(f"norm_position={cfg.norm_position!r} with qk_norm={cfg.qk_norm!r} has no Hugging Face "

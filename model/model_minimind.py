@@ -32,6 +32,7 @@ A final norm is kept wherever the last block leaves the residual stream un-norma
 would only rescale what that block's norm produced. Two switches work with every placement:
   qk_norm="head"  self_attn.q_norm / k_norm over each head's head_dim, before RoPE (Qwen3, Gemma 3): +2 per block
   qk_norm="proj"  the same over the whole q / k projections, before the head split (OLMo 2):       +2 per block
+plus v_norm="head": self_attn.v_norm over each head's v, before attention (Gemma 3n/4 QKV-norm): +1 per block;
 and norm_scaling="depth" (LayerNorm Scaling) multiplies the input norms of block l = 1..L by 1/sqrt(l) (pre and
 mix only; no extra norms). norm_type (RMSNorm, LayerNorm, DyT, BatchNorm, none) is independent of all of this.
 
@@ -51,12 +52,13 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from model.norms import BatchNorm, DyT
+from model.norms import BatchNorm, DyT, SSNorm
 from model.rmsnorm_kernels import rms_norm
 
 NORM_POSITIONS = ("pre", "post", "peri", "reorder", "deepnorm", "mix")
 NORM_SCALINGS = ("none", "depth")
 QK_NORMS = ("none", "head", "proj")
+V_NORMS = ("none", "head")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -84,6 +86,7 @@ class MiniMindConfig(PretrainedConfig):
         mix_ln_fraction: float = 0.25,
         norm_scaling: str = "none",
         qk_norm: str = "none",
+        v_norm: str = "none",
         deepnorm_alpha: float | None = None,
         deepnorm_beta: float | None = None,
         dyt_alpha_init: float = 0.5,
@@ -113,6 +116,7 @@ class MiniMindConfig(PretrainedConfig):
         self.mix_ln_fraction = mix_ln_fraction
         self.norm_scaling = norm_scaling
         self.qk_norm = qk_norm
+        self.v_norm = v_norm
         # DeepNet's decoder-only constants unless set (setting both to 1 turns deepnorm into post, a test uses it)
         self.deepnorm_alpha = deepnorm_alpha
         self.deepnorm_beta = deepnorm_beta
@@ -152,7 +156,8 @@ class MiniMindConfig(PretrainedConfig):
                 f"({self.num_key_value_heads}); allowed: a divisor of num_attention_heads"
             )
         for name, allowed in (("norm_type", sorted(NORM_TYPES)), ("norm_position", list(NORM_POSITIONS)),
-                              ("norm_scaling", list(NORM_SCALINGS)), ("qk_norm", list(QK_NORMS))):
+                              ("norm_scaling", list(NORM_SCALINGS)), ("qk_norm", list(QK_NORMS)),
+                              ("v_norm", list(V_NORMS))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.norm_scaling != "none" and self.norm_position not in ("pre", "mix"):
@@ -161,6 +166,9 @@ class MiniMindConfig(PretrainedConfig):
         if self.qk_norm != "none" and self.norm_type == "none":
             raise ValueError(f"qk_norm={self.qk_norm!r} needs a norm to apply; allowed with any norm_type but "
                              "'none' (or set qk_norm='none')")
+        if self.v_norm != "none" and self.norm_type == "none":
+            raise ValueError(f"v_norm={self.v_norm!r} needs a norm to apply; allowed with any norm_type but "
+                             "'none' (or set v_norm='none')")
         if not 0 <= self.mix_ln_fraction <= 1:
             raise ValueError(f"mix_ln_fraction must be in [0, 1], got {self.mix_ln_fraction}")
         for name in ("deepnorm_alpha", "deepnorm_beta", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
@@ -240,6 +248,9 @@ NORM_TYPES = {
     "rmsnorm_noparam": NormType(
         RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, elementwise_affine=False), _init_affine,
         hf_rmsnorm=True, help="RMSNorm without gains"),
+    "ssnorm": NormType(
+        SSNorm, lambda dim, cfg, site: SSNorm(cfg.rms_norm_eps), _init_affine,
+        help="x / rms(x) * one scalar gain (single-scale RMSNorm, OSP 2025)"),
     "layernorm": NormType(
         nn.LayerNorm, lambda dim, cfg, site: nn.LayerNorm(dim, eps=cfg.rms_norm_eps, bias=True), _init_affine,
         help="(x - mean) / std * gain + bias (GPT-2)"),
@@ -338,8 +349,11 @@ def norm_variant(config: MiniMindConfig) -> str:
         placement += f"{config.mix_ln_fraction:g}"
     if config.norm_scaling != "none":
         placement += f"+{config.norm_scaling}"
-    if config.qk_norm != "none":
-        placement += f"+qk_{config.qk_norm}"
+    if config.qk_norm == config.v_norm == "head":
+        placement += "+qkv"  # QKV-norm: per-head norms on q, k and v
+    else:
+        placement += f"+qk_{config.qk_norm}" if config.qk_norm != "none" else ""
+        placement += f"+v_{config.v_norm}" if config.v_norm != "none" else ""
     return f"{placement}-{config.norm_type}"
 
 
@@ -417,6 +431,9 @@ class Attention(nn.Module):
             per_head = self.qk_norm == "head"
             self.q_norm = make_norm(config, "qk", self.head_dim if per_head else self.n_heads * self.head_dim)
             self.k_norm = make_norm(config, "qk", self.head_dim if per_head else self.n_kv_heads * self.head_dim)
+        # V-norm (Gemma 3n/4's QKV-norm, HybridNorm): with q and k normalized too, attention no longer depends on
+        # the scale of its input at all, since v is the only path by which that scale reached the output
+        self.v_norm = make_norm(config, "qk", self.head_dim) if config.v_norm == "head" else None
 
     def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries [batch, heads, seq, head_dim] and keys [batch, kv_heads, seq, head_dim] as attention uses them:
@@ -434,7 +451,10 @@ class Attention(nn.Module):
     def forward(self, x, rope, mask, past_key_values: Cache | None) -> torch.Tensor:
         bsz, seq, _ = x.shape
         q, k = self.project_qk(x, rope)
-        v = self.v_proj(x).view(bsz, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(bsz, seq, self.n_kv_heads, self.head_dim)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
+        v = v.transpose(1, 2)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         y = F.scaled_dot_product_attention(

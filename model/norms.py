@@ -1,4 +1,4 @@
-"""The norm types besides RMSNorm (which lives in model_minimind.py, as the default): DyT and BatchNorm.
+"""The norm types besides RMSNorm (which lives in model_minimind.py, as the default): SSNorm, DyT and BatchNorm.
 
 LayerNorm is torch's nn.LayerNorm. Every class here takes the hidden (last) dimension of a [..., dim] tensor, so
 any of them fits any norm slot of the model; model_minimind.NORM_TYPES chooses among them by name.
@@ -6,6 +6,25 @@ any of them fits any norm slot of the model; model_minimind.NORM_TYPES chooses a
 
 import torch
 from torch import nn
+
+from model.rmsnorm_kernels import rms_norm
+
+
+class SSNorm(nn.Module):
+    """Single-scale RMSNorm (OSP, Park et al. 2025): y = x / sqrt(mean(x^2) + eps) * g with ONE scalar gain g.
+
+    A per-channel gain is a place where a few channels can grow into outliers; one scalar cannot single a channel
+    out. Same statistics and cast order as RMSNorm (the parameter-free kernel, then the gain), so at g = 1 it
+    computes exactly what RMSNorm with unit gains computes.
+    """
+
+    def __init__(self, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, None, self.eps) * self.weight
 
 
 class DyT(nn.Module):

@@ -5,7 +5,7 @@ scripts/signal_propagation.py take these names."""
 from model.model_minimind import NORM_POSITIONS, NORM_TYPES
 
 # A placement names the values of the fields that decide where the norms go; fields it leaves out keep these.
-PLACEMENT_DEFAULTS = {"norm_position": "pre", "norm_scaling": "none", "qk_norm": "none"}
+PLACEMENT_DEFAULTS = {"norm_position": "pre", "norm_scaling": "none", "qk_norm": "none", "v_norm": "none"}
 PLACEMENTS = {position: {"norm_position": position} for position in NORM_POSITIONS} | {
     "pre+depth": {"norm_scaling": "depth"},  # LayerNorm Scaling ("The Curse of Depth")
     "mix+depth": {"norm_position": "mix", "norm_scaling": "depth"},
@@ -13,6 +13,8 @@ PLACEMENTS = {position: {"norm_position": position} for position in NORM_POSITIO
     "pre+qk_proj": {"qk_norm": "proj"},
     "peri+qk_head": {"norm_position": "peri", "qk_norm": "head"},  # Gemma 3
     "reorder+qk_proj": {"norm_position": "reorder", "qk_norm": "proj"},  # OLMo 2
+    "pre+qkv": {"qk_norm": "head", "v_norm": "head"},  # QKV-norm
+    "peri+qkv": {"norm_position": "peri", "qk_norm": "head", "v_norm": "head"},  # Gemma 3n/4's norm positions
 }
 # "<placement>-<norm>" -> the trainer flags it sets. Names are looked up here, never split on "-".
 VARIANTS = {f"{placement}-{norm}": {**PLACEMENT_DEFAULTS, **fields, "norm": norm}

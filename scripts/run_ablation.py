@@ -36,7 +36,7 @@ from common.environment import describe, environment
 from data import load_tokenizer, prepare_split
 from model import NORM_TYPES, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
 from trainer import lr_tuning
-from trainer.args import build_parser, fill_device_defaults, flags_with, validate
+from trainer.args import build_parser, fill_device_defaults, flags_with, recorded_value, validate
 from trainer.checkpoint import find_checkpoints
 from trainer.plots import plot_depth, plot_grid, plot_layer_profiles, plot_loss_curves, plot_lr_sensitivity
 from trainer.tracking import read_metrics
@@ -113,21 +113,6 @@ def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str
 # Flags that do not change what a run computes (their role in trainer/args.py), so a finished run made with other
 # values is still valid.
 BOOKKEEPING = set(flags_with("bookkeeping"))
-# Flags whose default depends on others, and the value a run recorded before the flag existed had in effect.
-RECORDED_BEFORE = {"diag_interval": lambda saved: saved.get("log_interval")}
-
-
-def recorded_value(saved: dict, flag: str):
-    """The value of `flag` a finished run was trained with. A flag added after the run was recorded is missing from
-    its args; new flags default to the old behaviour, so the run had the parser default (or, for a flag in
-    RECORDED_BEFORE, the value derived from the run's other flags)."""
-    if flag in saved:
-        return saved[flag]
-    if flag in RECORDED_BEFORE:
-        return RECORDED_BEFORE[flag](saved)
-    return build_parser().get_default(flag)
-
-
 def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict:
     """Train one configuration (or reuse its finished result) and return its summary."""
     name = run_name(variant, depth, lr, warmup, seed)

@@ -33,9 +33,12 @@ def study(tmp_path, tiny_flags, monkeypatch):
 
 def test_variants_are_looked_up_not_split():
     assert run_ablation.VARIANTS["pre-rmsnorm"] == {"norm_position": "pre", "norm_scaling": "none",
-                                                    "qk_norm": "none", "norm": "rmsnorm"}
+                                                    "qk_norm": "none", "v_norm": "none", "norm": "rmsnorm"}
     assert run_ablation.VARIANTS["reorder+qk_proj-rmsnorm_noparam"] == {
-        "norm_position": "reorder", "norm_scaling": "none", "qk_norm": "proj", "norm": "rmsnorm_noparam"}
+        "norm_position": "reorder", "norm_scaling": "none", "qk_norm": "proj", "v_norm": "none",
+        "norm": "rmsnorm_noparam"}
+    assert run_ablation.VARIANTS["peri+qkv-ssnorm"] == {
+        "norm_position": "peri", "norm_scaling": "none", "qk_norm": "head", "v_norm": "head", "norm": "ssnorm"}
     assert run_ablation.VARIANTS["mix+depth-dyt"]["norm_scaling"] == "depth"
     # every position is a placement of its own, and every placement pairs with every norm type
     assert set(NORM_POSITIONS) <= set(run_ablation.PLACEMENTS)
@@ -66,8 +69,8 @@ def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkey
 def test_variant_names_are_the_models_own_names_for_them(tiny_tokenizer):
     """Each variant's flags build a model that calls itself by the variant's name (model.norm_variant)."""
     for name, fields in run_ablation.VARIANTS.items():
-        if fields["qk_norm"] != "none" and fields["norm"] == "none":
-            continue  # QK-norm needs a norm type; the trainer refuses this pair (next test)
+        if (fields["qk_norm"], fields["v_norm"]) != ("none", "none") and fields["norm"] == "none":
+            continue  # QK-/V-norm needs a norm type; the trainer refuses this pair (next test)
         args = build_parser().parse_args([])
         vars(args).update(fields)
         assert norm_variant(model_config(args, tiny_tokenizer, torch.device("cpu"))) == name
@@ -85,6 +88,7 @@ def test_placement_flags_reach_the_config_and_bad_pairs_name_the_flags(tiny_toke
             config.dyt_alpha_init_final) == (0.7, 0.8, 0.2, 0.1)
     for flags, named in ((["--norm_position", "post", "--norm_scaling", "depth"], ("--norm_scaling", "--norm_position")),
                          (["--qk_norm", "head", "--norm", "none"], ("--qk_norm",)),
+                         (["--v_norm", "head", "--norm", "none"], ("--v_norm",)),
                          (["--mix_ln_fraction", "1.5"], ("--mix_ln_fraction",))):
         with pytest.raises(UserError) as err:
             model_config(build_parser().parse_args(flags), tiny_tokenizer, torch.device("cpu"))

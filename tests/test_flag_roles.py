@@ -8,7 +8,7 @@ from common.cli import UserError
 from model import MiniMindConfig
 from scripts import run_ablation
 from trainer import resume
-from trainer.args import ARCH, FLAG_ROLES, build_parser, config_fields, flags_with, parse_args
+from trainer.args import ARCH, FLAG_ROLES, build_parser, config_fields, flags_with, parse_args, recorded_value
 from trainer.train_pretrain import model_config
 
 # The sets the code held before the role table, as runs and checkpoints were recorded under them: a finished run
@@ -43,7 +43,7 @@ def test_model_config_sets_every_architecture_flag(tmp_path, tiny_tokenizer):
     args = parse_args(["--out_dir", str(tmp_path), "--hidden_size", "48", "--num_hidden_layers", "3",
                        "--num_attention_heads", "4", "--num_key_value_heads", "1", "--norm", "dyt",
                        "--norm_position", "mix", "--mix_ln_fraction", "0.5", "--norm_scaling", "depth",
-                       "--qk_norm", "head", "--dyt_alpha_init", "0.3", "--dyt_alpha_init_attn", "0.8",
+                       "--qk_norm", "head", "--v_norm", "head", "--dyt_alpha_init", "0.3", "--dyt_alpha_init_attn", "0.8",
                        "--dyt_alpha_init_mlp", "0.2", "--dyt_alpha_init_final", "0.1"])
     config = model_config(args, tiny_tokenizer, torch.device("cpu"))
     defaults = MiniMindConfig()
@@ -60,3 +60,10 @@ def test_model_config_sets_every_architecture_flag(tmp_path, tiny_tokenizer):
 def test_a_bad_architecture_names_the_flags_not_the_config_fields(flags, message, tmp_path, tiny_tokenizer):
     with pytest.raises(UserError, match=message):
         model_config(parse_args(["--out_dir", str(tmp_path), *flags]), tiny_tokenizer, torch.device("cpu"))
+
+
+def test_a_flag_missing_from_a_recorded_run_reads_as_the_behaviour_it_had():
+    saved = {"grad_clip": 0.5, "log_interval": 7}
+    assert recorded_value(saved, "grad_clip") == 0.5  # recorded: taken as is
+    assert recorded_value(saved, "norm_weight_decay") is False  # added later: its default, the old behaviour
+    assert recorded_value(saved, "diag_interval") == 7  # added later, defaulting to another flag's value

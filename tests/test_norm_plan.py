@@ -325,7 +325,7 @@ def test_batchnorm_output_depends_on_the_rest_of_the_batch():
 
 @pytest.mark.parametrize("position", NORM_POSITIONS)
 def test_kv_cache_matches_full_forward(position):
-    model = tiny_model(norm_position=position, qk_norm="head")
+    model = tiny_model(norm_position=position, qk_norm="head", v_norm="head")
     x = ids(seq=14)
     with torch.no_grad():
         full = model(x).logits
@@ -420,3 +420,88 @@ def test_export_refusal_is_one_line_on_the_command_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cannot export") and "peri" in lines[0]
     assert not (tmp_path / "dst").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 18 (first part): V-norm (QKV-norm) and single-scale RMSNorm
+
+
+@pytest.mark.parametrize("position", NORM_POSITIONS)
+def test_v_norm_adds_one_norm_per_block(position):
+    model = MiniMindForCausalLM(MiniMindConfig(**{**TINY, "num_hidden_layers": 8}, norm_position=position,
+                                               qk_norm="head", v_norm="head"))
+    assert count_norms(model) == docstring_counts()[position] + 16 + 8
+    assert "model.layers.3.self_attn.v_norm.weight" in model.state_dict()
+
+
+def test_qkv_norm_makes_logits_invariant_to_q_k_v_scale():
+    def logits_after_scaling(model):
+        with torch.no_grad():
+            before = model(ids()).logits
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.weight.mul_(10)
+            return before, model(ids()).logits
+
+    # exact up to eps, and at init q, k, v have an RMS near 0.1, where eps=1e-5 would still show: make it tiny
+    before, after = logits_after_scaling(tiny_model(qk_norm="head", v_norm="head", perturb=False,
+                                                    rms_norm_eps=1e-12))
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+    before, after = logits_after_scaling(tiny_model(qk_norm="head", perturb=False, rms_norm_eps=1e-12))
+    assert (after - before).abs().max() > 1e-3  # QK-norm alone: v still carries the scale
+
+
+def test_v_norm_is_a_per_head_rms_of_v():
+    model = tiny_model(v_norm="head")
+    attn, x = model.model.layers[0].self_attn, torch.randn(2, 5, TINY["hidden_size"])
+    seen = {}
+    attn.o_proj.register_forward_hook(lambda m, inp, out: seen.setdefault("y", inp[0]))
+    rope = model.model.rotary_emb(torch.arange(5)[None], x.dtype)
+    with torch.no_grad():
+        attn(x, rope, None, None)
+        q, k = attn.project_qk(x, rope)
+        v = attn.v_proj(x).view(2, 5, 2, 16)
+        v = v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.v_norm.weight  # the formula
+        rep = attn.n_heads // attn.n_kv_heads
+        k, v = k.repeat_interleave(rep, 1), v.transpose(1, 2).repeat_interleave(rep, 1)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(16)
+        scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+        y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, -1)
+    torch.testing.assert_close(seen["y"], y, atol=1e-5, rtol=1e-5)
+
+
+def test_ssnorm_has_one_gain_and_equals_rmsnorm_at_init():
+    norm = mm.make_norm(MiniMindConfig(**TINY, norm_type="ssnorm"), "attn")
+    assert sum(p.numel() for p in norm.parameters()) == 1
+    x = torch.randn(3, 7, TINY["hidden_size"])
+    plain = mm.make_norm(MiniMindConfig(**TINY, norm_type="rmsnorm"), "attn")
+    assert torch.equal(norm(x), plain(x))
+    with torch.no_grad():
+        norm.weight.fill_(2.5)
+    torch.testing.assert_close(norm(x), 2.5 * plain(x))
+
+
+@pytest.mark.parametrize("overrides,word", [({"v_norm": "proj"}, "v_norm"),
+                                            ({"v_norm": "head", "norm_type": "none"}, "v_norm")])
+def test_bad_v_norm_names_the_field(overrides, word):
+    with pytest.raises(ValueError, match=word):
+        MiniMindConfig(**TINY, **overrides)
+
+
+def test_export_refuses_v_norm():
+    from model.hf_export import hf_family
+    with pytest.raises(ValueError, match="v_norm"):
+        hf_family(MiniMindConfig(**TINY, qk_norm="head", v_norm="head"))
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_norm_weight_decay_shrinks_gains_by_lr_times_decay(on):
+    from trainer.optim import build_optimizer
+    model = tiny_model(perturb=False)
+    gain = model.model.layers[0].input_layernorm.weight
+    optimizer = build_optimizer(model, lr=0.1, weight_decay=0.5, norm_weight_decay=on)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    expected = torch.full_like(gain, 1 - 0.1 * 0.5 if on else 1.0)
+    torch.testing.assert_close(gain.detach(), expected)

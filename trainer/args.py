@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from common.cli import ArgumentParser, UserError, require_positive
-from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS
+from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS, V_NORMS
 from trainer.checkpoint import find_checkpoints
 from trainer.device import pick_device
 
@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="normalize queries and keys before RoPE with --norm's statistics. head: over each "
                             "head's dimensions (Qwen3, Gemma 3); proj: over the whole q and k projections, "
                             "across heads (OLMo 2)")
+    model.add_argument("--v_norm", default="none", choices=V_NORMS,
+                       help="head: normalize each head's values before attention with --norm's statistics "
+                            "(self_attn.v_norm; with --qk_norm head this is Gemma 3n/4's QKV-norm)")
     model.add_argument("--dyt_alpha_init", type=float, default=0.5,
                        help="with --norm dyt: initial alpha of tanh(alpha * x) in every norm not set below, "
                             "QK-norms included (0.5 is the DyT paper's default for non-LLM models)")
@@ -99,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"linear warmup steps, 0 = none ({on_device('warmup_steps')})")
     opt.add_argument("--weight_decay", type=float, default=0.1,
                      help="AdamW weight decay on weight matrices (never on norms, biases, embeddings)")
+    opt.add_argument("--norm_weight_decay", action="store_true",
+                     help="also apply --weight_decay to norm gains (pulls a gain toward 0; default off)")
     opt.add_argument("--grad_clip", type=float, default=1.0, help="clip the global gradient norm (0 = off)")
 
     run = p.add_argument_group("run")
@@ -152,10 +157,11 @@ FLAG_ROLES = {
     "data_path": DATA, "text_field": DATA, "tokenizer_path": DATA, "streaming": ADJUSTABLE, "max_seq_len": FIXED,
     "hidden_size": ARCH, "num_hidden_layers": ARCH, "num_attention_heads": ARCH, "num_key_value_heads": ARCH,
     "norm": ARCH, "norm_position": ARCH, "mix_ln_fraction": ARCH, "norm_scaling": ARCH, "qk_norm": ARCH,
+    "v_norm": ARCH,
     "dyt_alpha_init": ARCH, "dyt_alpha_init_attn": ARCH, "dyt_alpha_init_mlp": ARCH, "dyt_alpha_init_final": ARCH,
     "max_steps": ADJUSTABLE, "batch_size": FIXED, "accumulation_steps": FIXED, "learning_rate": ADJUSTABLE,
     "min_lr": ADJUSTABLE, "lr_decay_steps": ADJUSTABLE, "warmup_steps": ADJUSTABLE, "weight_decay": FIXED,
-    "grad_clip": ADJUSTABLE,
+    "norm_weight_decay": FIXED, "grad_clip": ADJUSTABLE,
     "out_dir": BOOKKEEPING, "device": ADJUSTABLE, "dtype": ADJUSTABLE, "compile": ADJUSTABLE, "seed": FIXED,
     "log_interval": ADJUSTABLE, "diag_interval": ADJUSTABLE, "eval_interval": ADJUSTABLE, "eval_steps": ADJUSTABLE,
     "save_interval": ADJUSTABLE,
@@ -174,6 +180,21 @@ def flags_with(role: str) -> tuple[str, ...]:
 def config_fields() -> dict[str, str]:
     """Each architecture flag and the model-config field it sets."""
     return {flag: CONFIG_FIELD.get(flag, flag) for flag in flags_with(ARCH)}
+
+
+# Flags whose default depends on others, and the value a run recorded before the flag existed had in effect.
+RECORDED_BEFORE = {"diag_interval": lambda saved: saved.get("log_interval")}
+
+
+def recorded_value(saved: dict, flag: str):
+    """The value of `flag` a recorded run (the args in its summary or checkpoint) was trained with. A flag added
+    after the run was recorded is missing from its args; new flags default to the old behaviour, so the run had
+    the parser default (or, for a flag in RECORDED_BEFORE, the value derived from the run's other flags)."""
+    if flag in saved:
+        return saved[flag]
+    if flag in RECORDED_BEFORE:
+        return RECORDED_BEFORE[flag](saved)
+    return build_parser().get_default(flag)
 
 
 POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "num_hidden_layers",

@@ -5,18 +5,25 @@ import math
 import torch
 from torch import nn
 
+from model.model_minimind import NORM_MODULES
 
-def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """Weight decay only on weight matrices of linear layers.
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float,
+                    norm_weight_decay: bool = False) -> torch.optim.AdamW:
+    """Weight decay only on weight matrices of linear layers (and on norm gains with norm_weight_decay).
 
     Exempt: norm gains and biases and DyT's alpha (1-D; decaying them pulls the norm toward zero output), and the
     token embedding (tied to lm_head here: decaying it shrinks rare tokens' vectors that seldom get a gradient).
+    norm_weight_decay decays the norm gains too, as some recipes do (OLMo 2, HybridNorm's): a plain gain w is then
+    pulled toward 0, a (1 + w) gain toward 1, a confound in norm comparisons that this switch makes explicit.
     """
     embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    gains = {id(m.weight) for m in model.modules()
+             if norm_weight_decay and isinstance(m, NORM_MODULES) and getattr(m, "weight", None) is not None}
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
-            (decay if p.ndim >= 2 and id(p) not in embedding else no_decay).append(p)
+            (decay if (p.ndim >= 2 and id(p) not in embedding) or id(p) in gains else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     # fused: one kernel per parameter group instead of a loop of foreach ops, on CUDA and on CPU alike
     # (measured here: 16 vs 48 ms per step for the 26M model on 2 CPU cores).

@@ -7,7 +7,7 @@ from common.cli import UserError
 from common.fs import write_file_atomically
 from data import PackedTokens, tokenizer_fingerprint
 from model import MiniMindConfig
-from trainer.args import DATA, FIXED, config_fields, flags_with
+from trainer.args import DATA, FIXED, config_fields, flags_with, recorded_value
 from trainer.tracking import read_metrics
 
 # Flags a checkpoint must be resumed with: another batch shape, seed (its RNG states are restored instead) or
@@ -30,8 +30,8 @@ def check_resumable(state: dict, config: MiniMindConfig, args, data: dict, world
     """Refuse, in one line, a --resume that would not continue the same run."""
     saved = state["args"]
     for name in RESUME_MUST_MATCH + (() if "data" in state else DATA_FLAGS):
-        if saved[name] != getattr(args, name):
-            raise UserError(f"--resume: the checkpoint was trained with --{name} {saved[name]}, not "
+        if recorded_value(saved, name) != getattr(args, name):
+            raise UserError(f"--resume: the checkpoint was trained with --{name} {recorded_value(saved, name)}, not "
                             f"{getattr(args, name)}; pass the same value (or start a new --out_dir)")
     for flag, field in ARCHITECTURE.items():
         given = getattr(args, flag)

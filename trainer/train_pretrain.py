@@ -228,7 +228,7 @@ def start_or_resume(job: Job, config: MiniMindConfig | None, splits: Splits) -> 
     else:
         raw_model, saved = build_model(config, args.seed), None
     raw_model.to(job.device).train()
-    optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay)
+    optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay, args.norm_weight_decay)
     scaler = torch.amp.GradScaler(job.device.type, enabled=job.dtype == torch.float16)
     state = TrainState(raw_model, raw_model, optimizer, scaler, sampler)
     if saved is not None:
