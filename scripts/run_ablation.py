@@ -225,6 +225,14 @@ def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: st
     return "\n".join(lines)
 
 
+def study_cost(out: Path) -> str:
+    """How much training the study folder holds: finished runs and their summed training time."""
+    runs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/summary.json"))]
+    hours = sum(r["train_time_s"] + r.get("compile_time_s", 0.0) for r in runs) / 3600
+    return (f"The study folder holds {len(runs)} finished runs, {hours:.1f} hours of training in all (each run's "
+            "train_time_s plus its warm-up step), evaluation and start-up not counted.")
+
+
 def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | None = None) -> None:
     out = Path(study.out_dir)
     grid = len(study.learning_rates) > 1 or len(study.warmup_steps) > 1
@@ -258,7 +266,7 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
                  "that neither diverged nor plateaued; the other seeds trained at it only. Δ is the variant's "
                  f"final validation loss minus {study.baseline}'s on the same seed (same initialization seed and "
                  "data order), mean ± std over seeds; 'seeds agreeing' counts the seeds whose difference has "
-                 "the sign of the mean.", "", fair_table(groups, tuning, study.baseline), "",
+                 "the sign of the mean.", "", study_cost(out), "", fair_table(groups, tuning, study.baseline), "",
                  "![lr sensitivity](lr_sensitivity.png)", ""]
     text += [results_table(groups, with_lr), ""]
     if len(study.depths) > 1:

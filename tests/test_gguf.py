@@ -184,3 +184,18 @@ def test_refuses_a_tokenizer_llama_cpps_gpt2_does_not_split_the_same_way(tmp_pat
     with pytest.raises(UserError, match="GPT-2-style byte-level BPE tokenizers only"):
         convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf")
     assert list(tmp_path.glob("*m.gguf*")) == []
+
+
+@pytest.mark.slow  # loads llama.cpp three times and scores held-out windows both ways
+@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2"])
+def test_llama_cpp_runs_the_file_as_transformers_runs_the_export(tmp_path, tiny_tokenizer_dir, family):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed here (installing it builds "
+                                            "llama.cpp from source; docs/gguf.md gives the commands)")
+    from scripts import compare_llama_cpp
+    tiny_checkpoint(tmp_path / "ckpt", tiny_tokenizer_dir, **FAMILIES[family])
+    convert_to_gguf.convert(tmp_path / "ckpt", tmp_path / "model.gguf")
+    r = compare_llama_cpp.compare(tmp_path / "ckpt", tmp_path / "model.gguf", context=64, windows=4,
+                                  new_tokens=10, threads=1)
+    assert r["documents_with_equal_ids"] == r["documents"] > 0
+    assert r["greedy_llama_cpp"] == r["greedy_transformers"]
+    assert r["ppl_llama_cpp"] == pytest.approx(r["ppl_transformers"], rel=1e-3)
