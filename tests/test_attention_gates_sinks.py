@@ -267,3 +267,21 @@ def test_layer_stats_match_a_direct_computation_with_gates_and_sinks():
             kurtosis = ((s - s.mean()) ** 4).mean() / ((s - s.mean()) ** 2).mean() ** 2 - 3
             assert stats["excess_kurtosis"][i] == pytest.approx(kurtosis.item(), rel=1e-5, abs=1e-6)
     assert "attn_sink_share" not in layer_stats(tiny_model(), x)  # only where sinks exist
+
+
+def test_trainer_flags_build_gates_and_sinks_and_log_the_sink_share(tmp_path, tiny_flags, monkeypatch):
+    from trainer.args import parse_args
+    from trainer.tracking import read_metrics
+    from trainer.train_pretrain import train
+
+    monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
+    args = parse_args([*tiny_flags, "--num_hidden_layers", "2", "--max_seq_len", "16", "--batch_size", "2",
+                       "--eval_steps", "1", "--max_steps", "2", "--log_interval", "2", "--eval_interval", "2",
+                       "--attn_gate", "headwise", "--attn_sinks", "--out_dir", str(tmp_path / "run")])
+    assert not train(args)["diverged"]
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["variant"] == "pre+gate_head+sinks-rmsnorm"
+    (record,) = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["split"] == "train"]
+    for key in ("attn_first_token", "attn_sink_share", "excess_kurtosis"):
+        assert len(record[key]) == 2 and all(math.isfinite(v) for v in record[key]), key
+    assert all(0 < a + s <= 1 for a, s in zip(record["attn_first_token"], record["attn_sink_share"], strict=True))
