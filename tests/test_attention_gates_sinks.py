@@ -186,6 +186,18 @@ def test_sinks_learn_and_gates_and_sinks_are_not_norms():
     assert norm_variant(MiniMindConfig(**TINY, attn_gate="headwise")) == "pre+gate_head-rmsnorm"
 
 
+def test_bf16_autocast_forward_backward_with_gates_and_sinks():
+    """Under autocast the sinks' float mask takes the queries' dtype (SDPA requires it); the sinks still learn."""
+    model = tiny_model(attn_sinks=True, attn_gate="elementwise").train()
+    x = ids()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x[:, :-1], shift_labels=x[:, 1:])
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert all(layer.self_attn.sinks.grad.abs().max() > 0 for layer in model.model.layers)
+
+
 @pytest.mark.parametrize("overrides,word", [({"attn_gate": "channel"}, "attn_gate"),
                                             ({"attn_sinks": "yes"}, "attn_sinks")])
 def test_bad_values_name_the_field(overrides, word):
