@@ -31,6 +31,9 @@ def hf_family(cfg) -> str:
     if getattr(cfg, "v_norm", "none") != "none":
         raise ValueError(f"v_norm={cfg.v_norm!r} normalizes v per head, which Llama, Qwen3 and OLMo 2 do not do "
                          f"(Gemma 3n/4 do, with other changes not matched here); exportable: {ALLOWED}")
+    if getattr(cfg, "attn_gate", "none") != "none" or getattr(cfg, "attn_sinks", False):
+        raise ValueError("attn_gate and attn_sinks change attention in ways Llama, Qwen3 and OLMo 2 do not (Qwen3-Next "
+                         f"gates and GPT-OSS has sinks, with other changes not matched here); exportable: {ALLOWED}")
     family = FAMILIES.get((cfg.norm_position, cfg.qk_norm))
     if family is None:
         raise ValueError(f"norm_position={cfg.norm_position!r} with qk_norm={cfg.qk_norm!r} has no Hugging Face "

@@ -35,6 +35,13 @@ would only rescale what that block's norm produced. Two switches work with every
 plus v_norm="head": self_attn.v_norm over each head's v, before attention (Gemma 3n/4 QKV-norm): +1 per block;
 and norm_scaling="depth" (LayerNorm Scaling) multiplies the input norms of block l = 1..L by 1/sqrt(l) (pre and
 mix only; no extra norms). norm_type (RMSNorm, LayerNorm, DyT, BatchNorm, none) is independent of all of this.
+Two attention options are not norms and add none (count_norms is unchanged), but target what norms shape, attention
+sinks and massive activations; they too work with every placement:
+  attn_gate="elementwise"|"headwise"  y_h * sigmoid(gate_h) on each head's output before o_proj, the gate logits
+                                      computed by q_proj (per head: the query, then head_dim or 1 gate logits;
+                                      Qwen3-Next's layout)                                     +0 norms
+  attn_sinks=True                     self_attn.sinks, one learnable logit per head in every softmax row
+                                      (GPT-OSS, DeepSeek-V4)                                   +0 norms
 
 Pre-Norm RMSNorm maps 1:1 onto LlamaForCausalLM, with head QK-norm onto Qwen3ForCausalLM, and reorder with proj
 QK-norm onto Olmo2ForCausalLM (scripts/convert_to_hf.py).
@@ -59,6 +66,7 @@ NORM_POSITIONS = ("pre", "post", "peri", "reorder", "deepnorm", "mix")
 NORM_SCALINGS = ("none", "depth")
 QK_NORMS = ("none", "head", "proj")
 V_NORMS = ("none", "head")
+ATTN_GATES = ("none", "headwise", "elementwise")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -87,6 +95,8 @@ class MiniMindConfig(PretrainedConfig):
         norm_scaling: str = "none",
         qk_norm: str = "none",
         v_norm: str = "none",
+        attn_gate: str = "none",
+        attn_sinks: bool = False,
         deepnorm_alpha: float | None = None,
         deepnorm_beta: float | None = None,
         dyt_alpha_init: float = 0.5,
@@ -117,6 +127,8 @@ class MiniMindConfig(PretrainedConfig):
         self.norm_scaling = norm_scaling
         self.qk_norm = qk_norm
         self.v_norm = v_norm
+        self.attn_gate = attn_gate
+        self.attn_sinks = attn_sinks
         # DeepNet's decoder-only constants unless set (setting both to 1 turns deepnorm into post, a test uses it)
         self.deepnorm_alpha = deepnorm_alpha
         self.deepnorm_beta = deepnorm_beta
@@ -157,7 +169,8 @@ class MiniMindConfig(PretrainedConfig):
             )
         for name, allowed in (("norm_type", sorted(NORM_TYPES)), ("norm_position", list(NORM_POSITIONS)),
                               ("norm_scaling", list(NORM_SCALINGS)), ("qk_norm", list(QK_NORMS)),
-                              ("v_norm", list(V_NORMS))):
+                              ("v_norm", list(V_NORMS)), ("attn_gate", list(ATTN_GATES)),
+                              ("attn_sinks", [False, True])):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.norm_scaling != "none" and self.norm_position not in ("pre", "mix"):
@@ -354,6 +367,8 @@ def norm_variant(config: MiniMindConfig) -> str:
     else:
         placement += f"+qk_{config.qk_norm}" if config.qk_norm != "none" else ""
         placement += f"+v_{config.v_norm}" if config.v_norm != "none" else ""
+    placement += {"none": "", "elementwise": "+gate", "headwise": "+gate_head"}[config.attn_gate]
+    placement += "+sinks" if config.attn_sinks else ""
     return f"{placement}-{config.norm_type}"
 
 
@@ -420,7 +435,11 @@ class Attention(nn.Module):
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * self.head_dim, bias=False)
+        # Output gate (Qiu et al. 2025): q_proj also computes, per head, gate_dim gate logits right after that
+        # head's query (Qwen3-Next's layout, elementwise: head_dim of them; headwise: one), so the gate sees exactly
+        # what q_proj sees and adds no module; sigmoid(gate) then scales the head's attention output.
+        self.gate_dim = {"none": 0, "headwise": 1, "elementwise": self.head_dim}[config.attn_gate]
+        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * (self.head_dim + self.gate_dim), bias=False)
         self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
@@ -434,33 +453,59 @@ class Attention(nn.Module):
         # V-norm (Gemma 3n/4's QKV-norm, HybridNorm): with q and k normalized too, attention no longer depends on
         # the scale of its input at all, since v is the only path by which that scale reached the output
         self.v_norm = make_norm(config, "qk", self.head_dim) if config.v_norm == "head" else None
+        # Learnable sinks (GPT-OSS, DeepSeek-V4): one logit per head that joins each softmax row, so a head can put
+        # probability on "nothing" instead of on a real token. Zero at init (DeepSeek-V4; GPT-OSS draws it from
+        # N(0, 0.02)): it draws no random numbers, so every other weight starts as in the sink-free model.
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
 
-    def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+    def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Queries [batch, heads, seq, head_dim] and keys [batch, kv_heads, seq, head_dim] as attention uses them:
-        after QK-norm, which comes before RoPE (so a norm gain acts in the unrotated basis, as in Qwen3/OLMo 2)."""
+        after QK-norm, which comes before RoPE (so a norm gain acts in the unrotated basis, as in Qwen3/OLMo 2);
+        and the output gate's logits [batch, seq, heads, gate_dim] (None without a gate)."""
         bsz, seq, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
+        gate = None
+        if self.gate_dim:
+            q, gate = q.view(bsz, seq, self.n_heads, -1).split([self.head_dim, self.gate_dim], dim=-1)
+            q = q.reshape(bsz, seq, -1)
         if self.qk_norm == "proj":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(bsz, seq, self.n_heads, self.head_dim)
         k = k.view(bsz, seq, self.n_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rotary(q.transpose(1, 2), *rope), apply_rotary(k.transpose(1, 2), *rope)
+        return apply_rotary(q.transpose(1, 2), *rope), apply_rotary(k.transpose(1, 2), *rope), gate
+
+    def sink_bias(self, mask: torch.Tensor | None, q_len: int, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
+        """The float mask [batch or 1, heads, q, kv + 1] that adds the sinks to SDPA: 0 where a key may be seen,
+        -inf where not, and in the last column, an extra all-zero key and value, each head's sink. That key's
+        logit is q.0 + sink = sink, and its zero value adds nothing to the output: exactly softmax over
+        (logits, sink) with the sink's column dropped afterwards, as GPT-OSS writes it, with the KV cache unchanged."""
+        if mask is None:  # SDPA's causal fast path was exact: the same triangle, aligned to the last query
+            mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=self.sinks.device).tril(kv_len - q_len)
+        bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, -math.inf)
+        bias = bias.expand(*bias.shape[:-3] or (1,), self.n_heads, q_len, kv_len)
+        sinks = self.sinks.to(dtype)[:, None, None].expand(bias.shape[0], -1, q_len, 1)
+        return torch.cat([bias, sinks], dim=-1)
 
     def forward(self, x, rope, mask, past_key_values: Cache | None) -> torch.Tensor:
         bsz, seq, _ = x.shape
-        q, k = self.project_qk(x, rope)
+        q, k, gate = self.project_qk(x, rope)
         v = self.v_proj(x).view(bsz, seq, self.n_kv_heads, self.head_dim)
         if self.v_norm is not None:
             v = self.v_norm(v)
         v = v.transpose(1, 2)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
+        if self.sinks is not None:  # the sink's key and value join only here, never the cache
+            mask = self.sink_bias(mask, seq, k.shape[2], q.dtype)
+            k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None and seq > 1, enable_gqa=self.n_kv_heads != self.n_heads
-        )
-        return self.o_proj(y.transpose(1, 2).reshape(bsz, seq, -1))
+        ).transpose(1, 2)
+        if gate is not None:
+            y = y * torch.sigmoid(gate)
+        return self.o_proj(y.reshape(bsz, seq, -1))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -531,6 +576,8 @@ class MiniMindPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=std * getattr(module, "init_scale", 1.0))
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
+        elif isinstance(module, Attention) and module.sinks is not None:
+            init.zeros_(module.sinks)
         else:
             init_norm(module)
 

@@ -5,7 +5,8 @@ scripts/signal_propagation.py take these names."""
 from model.model_minimind import NORM_POSITIONS, NORM_TYPES
 
 # A placement names the values of the fields that decide where the norms go; fields it leaves out keep these.
-PLACEMENT_DEFAULTS = {"norm_position": "pre", "norm_scaling": "none", "qk_norm": "none", "v_norm": "none"}
+PLACEMENT_DEFAULTS = {"norm_position": "pre", "norm_scaling": "none", "qk_norm": "none", "v_norm": "none",
+                      "attn_gate": "none", "attn_sinks": False}
 PLACEMENTS = {position: {"norm_position": position} for position in NORM_POSITIONS} | {
     "pre+depth": {"norm_scaling": "depth"},  # LayerNorm Scaling ("The Curse of Depth")
     "mix+depth": {"norm_position": "mix", "norm_scaling": "depth"},
@@ -15,6 +16,11 @@ PLACEMENTS = {position: {"norm_position": position} for position in NORM_POSITIO
     "reorder+qk_proj": {"norm_position": "reorder", "qk_norm": "proj"},  # OLMo 2
     "pre+qkv": {"qk_norm": "head", "v_norm": "head"},  # QKV-norm
     "peri+qkv": {"norm_position": "peri", "qk_norm": "head", "v_norm": "head"},  # Gemma 3n/4's norm positions
+    # Not norms, but aimed at what norms shape: attention sinks and massive activations. pre+gate is the
+    # elementwise gate, the form that ships (Qwen3-Next); pre+gate_head the headwise one (H gates, not H * head_dim).
+    "pre+gate": {"attn_gate": "elementwise"},
+    "pre+gate_head": {"attn_gate": "headwise"},
+    "pre+sinks": {"attn_sinks": True},  # GPT-OSS, DeepSeek-V4
 }
 # "<placement>-<norm>" -> the trainer flags it sets. Names are looked up here, never split on "-".
 VARIANTS = {f"{placement}-{norm}": {**PLACEMENT_DEFAULTS, **fields, "norm": norm}

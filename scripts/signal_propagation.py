@@ -8,7 +8,8 @@ For every variant (a <placement>-<norm> name of model/variants.py) and depth it 
 the trainer would (same flags, same initialization, fixed --seed), runs one forward and backward of the language-
 model loss on the first --batch_size windows of held-out text (the validation split through the data layer),
 and records per block: the RMS of the residual stream entering it, the gradient norm of its parameters, the
-cosine between the stream entering and leaving it, the largest attention logit and max|x|/median|x| (the
+cosine between the stream entering and leaving it, the largest attention logit, max|x|/median|x|, the excess
+kurtosis of the stream, the attention probability on token 0 and, with attention sinks, on the sinks (the
 trainer's own diagnostics, trainer/diagnostics.py). It prints a summary table and what theory predicts next to
 what was measured, and writes the per-block numbers (JSON) and a figure to --out_dir.
 
@@ -172,14 +173,18 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"\nat initialization, seed {args.seed}, hidden {args.hidden_size}, one batch of {args.batch_size} x "
           f"{args.seq_len} held-out tokens. rms: residual stream entering block 0 / the last block; grad: gradient "
-          "norm of the first / last block's parameters; cos: cosine between a block's input and output")
+          "norm of the first / last block's parameters; cos: cosine between a block's input and output; kurt max: "
+          "largest excess kurtosis of the stream entering a block; tok0 / sink: attention probability on token 0 / "
+          "on the sinks, mean over blocks")
     head = f"{'variant':<22}{'L':>4}{'loss':>7}{'rms 0':>9}{'rms L-1':>9}{'grad 0':>10}{'grad L-1':>10}" \
-           f"{'cos min':>9}{'cos mean':>9}{'max logit':>10}"
+           f"{'cos min':>9}{'cos mean':>9}{'max logit':>10}{'kurt max':>9}{'tok0':>7}{'sink':>7}"
     print(head + "\n" + "-" * len(head))
     for r in results:
         rms, grad, cos = r["residual_rms"], r["layer_grad_norm"], r["block_cosine"]
+        sink = f"{np.mean(r['attn_sink_share']):>7.3f}" if "attn_sink_share" in r else f"{'-':>7}"
         print(f"{r['variant']:<22}{r['depth']:>4}{r['loss']:>7.3f}{rms[0]:>9.3g}{rms[-1]:>9.3g}{grad[0]:>10.3g}"
-              f"{grad[-1]:>10.3g}{min(cos):>9.3f}{np.mean(cos):>9.3f}{max(r['max_attn_logit']):>10.3g}")
+              f"{grad[-1]:>10.3g}{min(cos):>9.3f}{np.mean(cos):>9.3f}{max(r['max_attn_logit']):>10.3g}"
+              f"{max(r['excess_kurtosis']):>9.3g}{np.mean(r['attn_first_token']):>7.3f}{sink}")
 
     checks = theory(results, args.hidden_size // args.num_attention_heads, model_args.mix_ln_fraction)
     if checks:

@@ -33,12 +33,16 @@ def study(tmp_path, tiny_flags, monkeypatch):
 
 def test_variants_are_looked_up_not_split():
     assert run_ablation.VARIANTS["pre-rmsnorm"] == {"norm_position": "pre", "norm_scaling": "none",
-                                                    "qk_norm": "none", "v_norm": "none", "norm": "rmsnorm"}
+                                                    "qk_norm": "none", "v_norm": "none", "attn_gate": "none",
+                                                    "attn_sinks": False, "norm": "rmsnorm"}
     assert run_ablation.VARIANTS["reorder+qk_proj-rmsnorm_noparam"] == {
         "norm_position": "reorder", "norm_scaling": "none", "qk_norm": "proj", "v_norm": "none",
-        "norm": "rmsnorm_noparam"}
+        "attn_gate": "none", "attn_sinks": False, "norm": "rmsnorm_noparam"}
     assert run_ablation.VARIANTS["peri+qkv-ssnorm"] == {
-        "norm_position": "peri", "norm_scaling": "none", "qk_norm": "head", "v_norm": "head", "norm": "ssnorm"}
+        "norm_position": "peri", "norm_scaling": "none", "qk_norm": "head", "v_norm": "head", "attn_gate": "none",
+        "attn_sinks": False, "norm": "ssnorm"}
+    assert run_ablation.VARIANTS["pre+gate-rmsnorm"]["attn_gate"] == "elementwise"
+    assert run_ablation.VARIANTS["pre+sinks-rmsnorm"]["attn_sinks"] is True
     assert run_ablation.VARIANTS["mix+depth-dyt"]["norm_scaling"] == "depth"
     # every position is a placement of its own, and every placement pairs with every norm type
     assert set(NORM_POSITIONS) <= set(run_ablation.PLACEMENTS)

@@ -59,10 +59,10 @@ def test_max_attention_logit_of_an_attention_layer_with_known_weights():
     logit = [[x[0, i, 0].item() * x[0, j, 1].item() * math.cos(i - j) / math.sqrt(2) for j in range(3)] for i in range(3)]
     expected = max(logit[i][j] for i in range(3) for j in range(i + 1))
     assert max(max(row) for row in logit) > expected + 1  # the largest product pairs query 0 with key 1, a future key
-    assert max_attention_logit(*attention.project_qk(x, rope)).item() == pytest.approx(expected)
+    assert max_attention_logit(*attention.project_qk(x, rope)[:2]).item() == pytest.approx(expected)
     with torch.no_grad():
         attention.k_proj.weight.mul_(10)  # no QK-norm: logits scale with W_k
-    assert max_attention_logit(*attention.project_qk(x, rope)).item() == pytest.approx(10 * expected, rel=1e-5)
+    assert max_attention_logit(*attention.project_qk(x, rope)[:2]).item() == pytest.approx(10 * expected, rel=1e-5)
 
 
 def tiny_model(**overrides) -> MiniMindForCausalLM:
@@ -125,7 +125,7 @@ def test_layer_stats_read_what_attention_sees_in_every_placement(position, qk_no
             h = hidden[i]
             if block.plan.attn.before:
                 h = getattr(block, block.plan.attn.before)(h) * block.plan.input_scale
-            expected = max_attention_logit(*block.self_attn.project_qk(h, rope)).item()
+            expected = max_attention_logit(*block.self_attn.project_qk(h, rope)[:2]).item()
             assert stats["max_attn_logit"][i] == pytest.approx(expected, rel=1e-5), i
             if qk_norm == "head":  # per-head RMS 1 (proj normalizes all heads together: no per-head bound)
                 assert stats["max_attn_logit"][i] <= math.sqrt(8) + 1e-4
@@ -155,7 +155,8 @@ def test_trainer_logs_every_diagnostic_per_layer(tmp_path, tiny_flags, monkeypat
     logged = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in logged] == [2, 4]
     for record in logged:
-        for key in ("residual_rms", "layer_grad_norm", "block_cosine", "max_attn_logit", "massive_activation"):
+        for key in ("residual_rms", "layer_grad_norm", "block_cosine", "max_attn_logit", "massive_activation",
+                    "excess_kurtosis", "attn_first_token"):
             assert len(record[key]) == 3 and all(math.isfinite(v) for v in record[key]), key
         assert all(-1 <= c <= 1 for c in record["block_cosine"]) and all(m >= 1 for m in record["massive_activation"])
     assert (tmp_path / "run" / "layers.png").stat().st_size > 0

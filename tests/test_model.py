@@ -189,7 +189,7 @@ def test_rope_keeps_queries_and_keys_in_the_autocast_dtype():
     ids = torch.randint(0, TINY["vocab_size"], (2, 8))
     with torch.autocast("cpu", torch.bfloat16):
         model(input_ids=ids)
-    assert {t.dtype for qk in seen for t in qk} == {torch.bfloat16}
+    assert {t.dtype for qk in seen for t in qk[:2]} == {torch.bfloat16}
     seen.clear()
     model(input_ids=ids)
-    assert {t.dtype for qk in seen for t in qk} == {torch.float32}
+    assert {t.dtype for qk in seen for t in qk[:2]} == {torch.float32}

@@ -459,7 +459,7 @@ def test_v_norm_is_a_per_head_rms_of_v():
     rope = model.model.rotary_emb(torch.arange(5)[None], x.dtype)
     with torch.no_grad():
         attn(x, rope, None, None)
-        q, k = attn.project_qk(x, rope)
+        q, k, _ = attn.project_qk(x, rope)
         v = attn.v_proj(x).view(2, 5, 2, 16)
         v = v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.v_norm.weight  # the formula
         rep = attn.n_heads // attn.n_kv_heads

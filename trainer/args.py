@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from common.cli import ArgumentParser, UserError, require_positive
-from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS, V_NORMS
+from model import ATTN_GATES, NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS, V_NORMS
 from trainer.checkpoint import find_checkpoints
 from trainer.device import pick_device
 
@@ -78,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--v_norm", default="none", choices=V_NORMS,
                        help="head: normalize each head's values before attention with --norm's statistics "
                             "(self_attn.v_norm; with --qk_norm head this is Gemma 3n/4's QKV-norm)")
+    model.add_argument("--attn_gate", default="none", choices=ATTN_GATES,
+                       help="scale each head's attention output by sigmoid(gate), the gate computed by q_proj from "
+                            "the attention's input (Gated Attention, Qiu et al. 2025). elementwise: one gate per "
+                            "output dimension, q_proj twice as wide (Qwen3-Next); headwise: one gate per head, "
+                            "q_proj wider by the number of heads")
+    model.add_argument("--attn_sinks", action="store_true",
+                       help="give each head a learnable sink logit (self_attn.sinks, init 0) that joins its "
+                            "softmax, so a head can attend to nothing (GPT-OSS, DeepSeek-V4)")
     model.add_argument("--dyt_alpha_init", type=float, default=0.5,
                        help="with --norm dyt: initial alpha of tanh(alpha * x) in every norm not set below, "
                             "QK-norms included (0.5 is the DyT paper's default for non-LLM models)")
@@ -157,7 +165,7 @@ FLAG_ROLES = {
     "data_path": DATA, "text_field": DATA, "tokenizer_path": DATA, "streaming": ADJUSTABLE, "max_seq_len": FIXED,
     "hidden_size": ARCH, "num_hidden_layers": ARCH, "num_attention_heads": ARCH, "num_key_value_heads": ARCH,
     "norm": ARCH, "norm_position": ARCH, "mix_ln_fraction": ARCH, "norm_scaling": ARCH, "qk_norm": ARCH,
-    "v_norm": ARCH,
+    "v_norm": ARCH, "attn_gate": ARCH, "attn_sinks": ARCH,
     "dyt_alpha_init": ARCH, "dyt_alpha_init_attn": ARCH, "dyt_alpha_init_mlp": ARCH, "dyt_alpha_init_final": ARCH,
     "max_steps": ADJUSTABLE, "batch_size": FIXED, "accumulation_steps": FIXED, "learning_rate": ADJUSTABLE,
     "min_lr": ADJUSTABLE, "lr_decay_steps": ADJUSTABLE, "warmup_steps": ADJUSTABLE, "weight_decay": FIXED,

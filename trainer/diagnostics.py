@@ -47,9 +47,17 @@ def massive_activation_ratio(x: torch.Tensor) -> torch.Tensor:
     return magnitude.max() / magnitude.median()
 
 
-def max_attention_logit(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Largest pre-softmax logit q.k / sqrt(head_dim) over causal pairs (key position <= query position), every
-    head and sequence: the quantity that grows without bound in unstable runs and that QK-norm caps.
+def excess_kurtosis(x: torch.Tensor) -> torch.Tensor:
+    """E[(x - mean)^4] / var^2 - 3 over every element: 0 for a Gaussian, large when a few activations are far out
+    in the tails (the outliers that OSP's single-scale RMSNorm targets, reported there as excess kurtosis)."""
+    centred = x.detach().double().flatten()
+    centred = centred - centred.mean()
+    return (centred.pow(4).mean() / centred.pow(2).mean().square() - 3).float()
+
+
+def causal_logits(q: torch.Tensor, k: torch.Tensor):
+    """The attention logits q.k / sqrt(head_dim) in float32, -inf above the diagonal, as [chunk, heads, seq, seq]
+    blocks of a few sequences each (about 2^24 logits per block: all of them at once may not fit in memory).
 
     q is [batch, heads, seq, head_dim] and k [batch, kv_heads, seq, head_dim]; query head h reads key head
     h // (heads / kv_heads), as scaled_dot_product_attention does with enable_gqa.
@@ -57,18 +65,44 @@ def max_attention_logit(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     batch, heads, seq, head_dim = q.shape
     k = k.float().repeat_interleave(heads // k.shape[1], dim=1)
     future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
-    # A few sequences at a time, about 2^24 logits per chunk: all of them at once may not fit in memory.
     chunk = max(1, 2**24 // (heads * seq * seq))
-    best = [(qc.float() @ kc.transpose(-1, -2)).masked_fill_(future, -math.inf).amax()
-            for qc, kc in zip(q.split(chunk), k.split(chunk), strict=True)]
-    return torch.stack(best).amax() / math.sqrt(head_dim)
+    for qc, kc in zip(q.split(chunk), k.split(chunk), strict=True):
+        yield (qc.float() @ kc.transpose(-1, -2) / math.sqrt(head_dim)).masked_fill_(future, -math.inf)
+
+
+def max_attention_logit(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Largest pre-softmax logit q.k / sqrt(head_dim) over causal pairs (key position <= query position), every
+    head and sequence: the quantity that grows without bound in unstable runs and that QK-norm caps."""
+    return torch.stack([logits.amax() for logits in causal_logits(q, k)]).amax()
+
+
+def attention_sink_mass(q: torch.Tensor, k: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """[mass on position 0, mass on the learnable sinks]: the attention probability that goes to the first token
+    (the "attention sink" of Xiao et al. 2023) and, with sinks (one logit per head, Attention.sinks), the share
+    the sinks absorb (0 without). Each is a mean over sequences, heads and queries 1..seq-1 (query 0 sees only
+    position 0, so it has no choice to measure); per query the two plus the mass on tokens 1.. sum to 1.
+
+    SDPA returns no probabilities, so they are computed here from q and k, in float32, on diagnostic steps only.
+    """
+    total = torch.zeros(2, device=q.device)
+    for logits in causal_logits(q, k):
+        if sinks is not None:  # softmax over (logits, sink), as in Attention.sink_bias
+            column = sinks.detach().float()[:, None, None].expand(logits.shape[0], -1, logits.shape[2], 1)
+            logits = torch.cat([logits, column], dim=-1)
+        p = logits.softmax(-1)[:, :, 1:]  # queries 1..seq-1
+        total[0] += p[..., 0].sum()
+        if sinks is not None:
+            total[1] += p[..., -1].sum()
+    batch, heads, seq, _ = q.shape
+    return total / (batch * heads * max(seq - 1, 1))
 
 
 @torch.no_grad()
 def layer_stats(model: nn.Module, input_ids: torch.Tensor, precision=None) -> dict[str, list[float]]:
     """Per block, from one extra forward of `model` (the uncompiled MiniMindForCausalLM) on input_ids, without
-    gradients: the residual stream entering the block (its RMS, and max|x|/median|x|), the cosine between the
-    stream entering and leaving it, and the largest causal attention logit of its attention.
+    gradients: the residual stream entering the block (its RMS, max|x|/median|x| and excess kurtosis), the cosine
+    between the stream entering and leaving it, and of its attention the largest causal logit, the probability
+    mass on the first token and, in a model with attention sinks, the mass the sinks take (attention_sink_mass).
 
     Hooks on each block and on its attention read the block's input and output and the attention's input (after
     whatever norm the placement puts there) while the forward runs; the attention input is projected again with
@@ -78,19 +112,26 @@ def layer_stats(model: nn.Module, input_ids: torch.Tensor, precision=None) -> di
     running statistics are left as training left them (for every other norm type the two modes agree).
     """
     layers = model.model.layers
-    found: dict[str, list] = {key: [None] * len(layers) for key in
-                              ("residual_rms", "block_cosine", "max_attn_logit", "massive_activation")}
+    keys = ["residual_rms", "block_cosine", "max_attn_logit", "massive_activation", "excess_kurtosis",
+            "attn_first_token"] + (["attn_sink_share"] if model.config.attn_sinks else [])
+    found: dict[str, list] = {key: [None] * len(layers) for key in keys}
 
     def watch_block(i):
         def hook(block, args, output):
             found["residual_rms"][i] = rms(args[0])
             found["massive_activation"][i] = massive_activation_ratio(args[0])
+            found["excess_kurtosis"][i] = excess_kurtosis(args[0])
             found["block_cosine"][i] = block_cosine(args[0], output)
         return hook
 
     def watch_attention(i):
         def hook(attention, args):  # blocks call self_attn(h, rope, mask, past_key_values)
-            found["max_attn_logit"][i] = max_attention_logit(*attention.project_qk(args[0], args[1]))
+            q, k, _ = attention.project_qk(args[0], args[1])
+            found["max_attn_logit"][i] = max_attention_logit(q, k)
+            mass = attention_sink_mass(q, k, attention.sinks)
+            found["attn_first_token"][i] = mass[0]
+            if attention.sinks is not None:
+                found["attn_sink_share"][i] = mass[1]
         return hook
 
     handles = [h for i, layer in enumerate(layers) for h in (

@@ -12,6 +12,9 @@ LAYER_PANELS = (
     ("block_cosine", "cosine(block input, block output)", "linear"),
     ("max_attn_logit", "largest attention logit q.k/sqrt(d)", "linear"),
     ("massive_activation", "max|x| / median|x| entering block", "log"),
+    ("excess_kurtosis", "excess kurtosis of the stream entering block", "symlog"),
+    ("attn_first_token", "attention probability on token 0", "linear"),
+    ("attn_sink_share", "attention probability on the sinks", "linear"),
 )
 
 
@@ -31,7 +34,7 @@ def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
     existed, is left out of that run's panel)."""
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+    fig, axes = plt.subplots(3, 3, figsize=(14, 10.5))
     for ax, (key, title, scale) in zip(axes.flat, LAYER_PANELS, strict=False):
         for name, records in runs.items():
             last = next((r[key] for r in reversed(records) if r["split"] == "train" and r.get(key) is not None), None)
@@ -40,7 +43,7 @@ def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
         ax.set(title=title, xlabel="block", yscale=scale)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    legend = axes.flat[-1]  # the sixth cell holds the legend
+    legend = axes.flat[-1]  # the ninth cell holds the legend
     legend.axis("off")
     legend.legend(*axes.flat[0].get_legend_handles_labels(), loc="center", fontsize=8)
     fig.tight_layout()
