@@ -7,7 +7,11 @@
 
 A model directory is the trainer's --out_dir (its `checkpoint` link is followed), a checkpoint folder, or any
 directory AutoModelForCausalLM loads, e.g. a Llama, Qwen3 or OLMo 2 model written by scripts/convert_to_hf.py. The
-tokenizer comes from the same directory unless --tokenizer_path is given.
+tokenizer comes from the same directory unless --tokenizer_path is given. A checkpoint is checked against its
+manifest first; a run directory falls back to its newest intact checkpoint, with a warning (docs/training.md).
+
+--eval_data takes the loss from the model's logits, so every exported family is measured the same way; a
+perplexity too large for a float (a diverged model) prints as inf.
 
 Prompts: each is encoded after the tokenizer's bos token (this repo's document separator), because in
 training every document started right after one. A prompt too long to leave room for --max_new_tokens in the

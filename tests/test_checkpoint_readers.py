@@ -115,6 +115,10 @@ def test_a_run_with_no_intact_checkpoint_is_one_error_line(run):
         flip_a_byte(run / f"step-{step:06d}" / "model.safetensors")
     with pytest.raises(UserError, match=r"no checkpoint can be loaded \(step-000004 is damaged .*step-000002 is "):
         eval_llm.load(run)
+    for step in (2, 4):
+        shutil.rmtree(run / f"step-{step:06d}")
+    with pytest.raises(UserError, match=rf"no checkpoint can be loaded \({LINK} -> step-000004 does not exist\)"):
+        eval_llm.load(run)
 
 
 def test_a_checkpoint_without_a_manifest_still_loads(run, capsys):

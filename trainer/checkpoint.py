@@ -181,9 +181,9 @@ def read_model_dir(path: Path, load: Callable[[Path], Any]) -> tuple[Path, Any]:
     checkpoints, exports) is loaded unchecked. In a run directory the checkpoints are tried as --resume tries
     them (the link's target, then the step folders, newest first): any that fails the check or load is named in
     one warning line with the one used instead. A damaged folder named directly is a one-line UserError that
-    says to pass the run directory. A folder that vanishes while it is read was replaced by a running trainer's
-    newer save (with --keep_checkpoints 1 the previous one goes at once), so the path is read again, at most
-    READ_ATTEMPTS times. load raises UserError to refuse (passed on as it is); any other exception it raises
+    says to pass the run directory. A folder that fails while the checkpoint link moved (or that vanished) was
+    replaced by a running trainer's newer save (with --keep_checkpoints 1 the previous one is deleted at once),
+    so the path is read again, at most READ_ATTEMPTS times. load raises UserError to refuse (passed on as it is); any other exception it raises
     means the checkpoint is damaged.
     """
     failed: dict[Path, str] = {}
@@ -192,8 +192,11 @@ def read_model_dir(path: Path, load: Callable[[Path], Any]) -> tuple[Path, Any]:
             raise UserError(f"{path}: no such directory; pass the trainer's --out_dir or a checkpoint folder")
         if not path.is_dir():
             raise UserError(f"{path}: is not a directory; pass the trainer's --out_dir or a checkpoint folder")
-        named = (path / "config.json").is_file()  # resolved here, once: a save cannot mix two steps under load
-        candidates = [path.resolve()] if named else [p for p in find_checkpoints(path) if p not in failed]
+        named = (path / "config.json").is_file()
+        try:  # each candidate resolved here, once: a save cannot mix two steps under load
+            candidates = [path.resolve()] if named else [p for p in find_checkpoints(path) if p not in failed]
+        except OSError as err:  # a folder this user may not list
+            raise UserError(f"{path}: cannot be read ({err.strerror or first_line(err)})") from None
         links = link_targets(path)
         for candidate in candidates:
             try:
@@ -208,12 +211,12 @@ def read_model_dir(path: Path, load: Callable[[Path], Any]) -> tuple[Path, Any]:
                     raise unreadable(candidate, err) from None
                 failed[candidate] = first_line(err)
                 continue
-            if failed or ((path / LINK).is_symlink() and not (path / LINK).exists()):
+            if failed or broken_link(path):
                 print(f"warning: {path}: {skipped(path, failed)}; using {candidate.name}, the newest intact "
                       "checkpoint", file=sys.stderr)
             return candidate, loaded
         else:
-            if failed:
+            if failed or broken_link(path):
                 raise UserError(f"{path}: no checkpoint can be loaded ({skipped(path, failed)}); restore a copy "
                                 "of a step folder, or train again")
             raise UserError(f"{path}: not a model directory (no config.json, no {LINK} or step-* folders); has "
@@ -221,7 +224,7 @@ def read_model_dir(path: Path, load: Callable[[Path], Any]) -> tuple[Path, Any]:
         print(f"note: {candidate.name} was replaced by a newer checkpoint while it was read; reading {path} again",
               file=sys.stderr)
     raise UserError(f"{path}: its checkpoint was replaced {READ_ATTEMPTS} times while it was read (a trainer "
-                    "saving often?); try again, or copy a step folder elsewhere and pass that")
+                    "saving at every step?); try again, or once the trainer has stopped")
 
 
 def link_targets(path: Path) -> tuple[Path, Path]:
@@ -233,13 +236,19 @@ def link_targets(path: Path) -> tuple[Path, Path]:
 def unreadable(folder: Path, err: Exception) -> UserError:
     """A damaged model directory named directly, as one line that says which folder to pass instead."""
     reason = first_line(err) if isinstance(err, Damaged) else f"cannot load the model ({first_line(err)})"
-    others = [p for p in find_checkpoints(folder.parent) if p != folder]
+    try:
+        others = [p for p in find_checkpoints(folder.parent) if p != folder]
+    except OSError:  # a parent this user may not list: no advice then
+        others = []
     hint = f"; pass the run directory {folder.parent} to use its newest intact checkpoint" if others else ""
     return UserError(f"{folder}: {reason}{hint}")
 
 
+def broken_link(out_dir: Path) -> bool:
+    return (out_dir / LINK).is_symlink() and not (out_dir / LINK).exists()
+
+
 def skipped(out_dir: Path, failed: dict[Path, str]) -> str:
     """What was passed over in a run directory: a broken link, and each checkpoint that failed, with why."""
-    link = out_dir / LINK
-    broken = [f"{LINK} -> {os.readlink(link)} does not exist"] if link.is_symlink() and not link.exists() else []
+    broken = [f"{LINK} -> {os.readlink(out_dir / LINK)} does not exist"] if broken_link(out_dir) else []
     return "; ".join(broken + [f"{p.name} is damaged ({why})" for p, why in failed.items()])
