@@ -7,7 +7,11 @@
 
 A model directory is the trainer's --out_dir (its `checkpoint` link is followed), a checkpoint folder, or any
 directory AutoModelForCausalLM loads, e.g. a Llama, Qwen3 or OLMo 2 model written by scripts/convert_to_hf.py. The
-tokenizer comes from the same directory unless --tokenizer_path is given.
+tokenizer comes from the same directory unless --tokenizer_path is given. A checkpoint is checked against its
+manifest first; a run directory falls back to its newest intact checkpoint, with a warning (docs/training.md).
+
+--eval_data takes the loss from the model's logits, so every exported family is measured the same way; a
+perplexity too large for a float (a diverged model) prints as inf.
 
 Prompts: each is encoded after the tokenizer's bos token (this repo's document separator), because in
 training every document started right after one. A prompt too long to leave room for --max_new_tokens in the
@@ -30,10 +34,10 @@ from transformers import AutoModelForCausalLM, TextStreamer
 from transformers.utils import logging as hf_logging
 
 import model  # noqa: F401  (registers MiniMind with the Auto classes)
-from common.cli import ArgumentParser, UserError, first_line, require_positive, run_cli
+from common.cli import ArgumentParser, UserError, require_positive, run_cli
 from data import BatchSampler, bits_per_byte, load_tokenizer, prepare_split
 from model import norm_variant
-from trainer.checkpoint import LINK, resolve_model_dir
+from trainer.checkpoint import LINK, read_model_dir
 from trainer.device import autocast, pick_device, resolve_dtype
 from trainer.evaluation import evaluate
 
@@ -80,15 +84,21 @@ def autocast_for(device: torch.device):
 
 
 def load(path, tokenizer_path=None, device="cpu"):
-    """(model, tokenizer) from a model directory (see resolve_model_dir), the model on device in eval mode."""
-    model_dir = resolve_model_dir(Path(path))
-    if tokenizer_path is None and not (model_dir / "tokenizer.json").is_file():
-        raise UserError(f"{model_dir}: has no tokenizer.json; pass the model's tokenizer with --tokenizer_path")
-    tokenizer = load_tokenizer(tokenizer_path or model_dir)
-    try:
-        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
-    except Exception as err:  # unknown architecture, corrupt weights, ...: each library fails its own way
-        raise UserError(f"{model_dir}: cannot load the model ({first_line(err)})") from None
+    """(model, tokenizer) from a model directory or run directory (see read_model_dir: checked against its
+    manifest, falling back to the newest intact checkpoint of a run), the model on device in eval mode."""
+    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
+
+    def read(model_dir: Path):
+        own = None
+        if tokenizer is None:  # read with the weights: a later read could find the folder replaced
+            if not (model_dir / "tokenizer.json").is_file():
+                raise UserError(f"{model_dir}: has no tokenizer.json; pass the model's tokenizer with --tokenizer_path")
+            own = load_tokenizer(model_dir)
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True), own
+
+    _, (lm, own) = read_model_dir(Path(path), read)
+    if tokenizer is None:
+        tokenizer = own
     # The trainer sizes a MiniMind vocabulary to its tokenizer exactly, so any difference means the wrong one.
     # Other models may pad their vocabulary; there only a tokenizer with ids the model cannot embed is refused.
     exact = lm.config.model_type == "minimind"
@@ -192,7 +202,11 @@ def evaluate_split(lm, tokenizer, data_path: str | None = "default", text_field:
     loss = evaluate(lm, split.tokens, batch_size, seq_len, steps, lm.device, autocast_for(lm.device),
                     progress)
     evaluated = windows if steps is None else steps * batch_size
-    return {"loss": loss, "ppl": math.exp(loss), "bpb": bits_per_byte(loss, split.bytes_per_token),
+    try:
+        ppl = math.exp(loss)
+    except OverflowError:  # a loss above ~709 nats (a diverged model) has a perplexity beyond any float
+        ppl = math.inf
+    return {"loss": loss, "ppl": ppl, "bpb": bits_per_byte(loss, split.bytes_per_token),
             "tokens": evaluated * seq_len}
 
 

@@ -15,6 +15,7 @@ from common.cli import UserError, run_cli
 from data import DEFAULT_TOKENIZER_DIR, bits_per_byte, load_tokenizer, prepare_split
 from eval_llm import Sampling, compare, evaluate_split, generate_text, load, main
 from model import MiniMindConfig, MiniMindForCausalLM
+from scripts import convert_to_hf
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"vocab_size": 400, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -233,3 +234,36 @@ def test_tokenizer_smaller_than_a_minimind_vocabulary_is_refused(tmp_path, tiny_
     MiniMindForCausalLM(MiniMindConfig(**{**TINY, "vocab_size": 512})).save_pretrained(tmp_path)
     with pytest.raises(UserError, match="has 400 tokens but the model's vocabulary has 512"):
         load(tmp_path, tokenizer_path=tiny_tokenizer_dir)
+
+
+@pytest.mark.parametrize("family, model_type, overrides", [
+    ("LlamaForCausalLM", "llama", {}), ("Qwen3ForCausalLM", "qwen3", {"qk_norm": "head"}),
+    ("Olmo2ForCausalLM", "olmo2", {"norm_position": "reorder", "qk_norm": "proj"})])
+def test_held_out_evaluation_of_every_exported_family(family, model_type, overrides, tiny_tokenizer, tiny_corpus, tmp_path,
+                                                      cache_env, capsys):
+    """Plain transformers classes take no shift_labels: evaluation must not depend on the model computing a loss."""
+    torch.manual_seed(0)
+    MiniMindForCausalLM(MiniMindConfig(**TINY, **overrides)).save_pretrained(tmp_path / "minimind")
+    tiny_tokenizer.save_pretrained(tmp_path / "minimind")
+    assert convert_to_hf.convert(tmp_path / "minimind", tmp_path / "export") == family
+    flags = {"batch_size": 4, "seq_len": 16, "max_batches": 2}
+    minimind = evaluate_split(*load(tmp_path / "minimind"), tiny_corpus, **flags)
+    exported = evaluate_split(*load(tmp_path / "export"), tiny_corpus, **flags)
+    assert exported["loss"] == pytest.approx(minimind["loss"], rel=1e-5) and exported["tokens"] == 2 * 4 * 16
+
+    capsys.readouterr()
+    main(["--device", "cpu", "--model_path", str(tmp_path / "export"), "--eval_data", tiny_corpus, "--seq_len", "16",
+          "--batch_size", "4", "--eval_batches", "2"])
+    header, row = capsys.readouterr().out.strip().splitlines()
+    assert row.split()[:3] == ["export", eval_llm.HF_VARIANTS[model_type], f"{exported['loss']:.4f}"]
+
+
+def test_a_diverged_model_has_infinite_perplexity(tiny_tokenizer, tiny_corpus, cache_env):
+    torch.manual_seed(0)
+    lm = MiniMindForCausalLM(MiniMindConfig(**TINY, tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        lm.lm_head.weight.mul_(1e4)  # logits in the thousands: a loss whose exp overflows a float
+    metrics = evaluate_split(lm, tiny_tokenizer, tiny_corpus, batch_size=4, seq_len=16, max_batches=1)
+    assert metrics["loss"] > 710 and metrics["ppl"] == math.inf and math.isfinite(metrics["bpb"])
+    row = eval_llm.format_metrics_table([eval_llm.Result("diverged", "pre-rmsnorm", [], metrics)]).splitlines()[1]
+    assert row.split()[3] == "inf"

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from data import BatchSampler
 from model import MiniMindConfig, MiniMindForCausalLM
 from trainer.evaluation import evaluate
 
@@ -73,3 +74,21 @@ def test_evaluation_weights_a_short_last_batch_by_its_windows():
                   for k in range(5)]
     assert evaluate(model, tokens, 4, 16, None, "cpu", nullcontext()) == pytest.approx(np.mean(per_window),
                                                                                         rel=1e-6)
+
+
+@pytest.mark.parametrize("steps", [None, 2], ids=["whole split", "two steps"])
+def test_loss_from_logits_equals_the_models_own_loss(steps):
+    """evaluate() computes the loss from the logits (so every exported family works); for MiniMind it is the
+    very number the model's own shift_labels loss gives, bit for bit."""
+    scope = {}
+    exec(SETUP, scope)
+    model, tokens = scope["model"].eval(), scope["tokens"]
+    sampler = BatchSampler(tokens, 4, 16, sequential=True)
+    windows = sampler.num_windows if steps is None else steps * 4
+    total = torch.zeros((), dtype=torch.float64)
+    with torch.no_grad():
+        for start in range(0, windows, 4):
+            rows = min(4, windows - start)
+            x, y = (t[:rows] for t in next(sampler))
+            total += model(input_ids=x, shift_labels=y).loss.double() * rows
+    assert evaluate(model, tokens, 4, 16, steps, "cpu", nullcontext()) == total.item() / windows

@@ -26,7 +26,7 @@ from common.fs import exclusive_lock
 from data import DEFAULT_TOKENIZER_DIR, load_texts, prepare_split
 from model import MiniMindConfig, MiniMindForCausalLM
 from trainer.args import parse_args
-from trainer.checkpoint import LINK, resolve_model_dir
+from trainer.checkpoint import LINK, read_model_dir
 from trainer.memory import step_memory_bytes
 from trainer.process import InterruptGuard
 from trainer.run_dir import LOCK_FILE
@@ -191,12 +191,12 @@ def test_resume_from_a_copied_run_directory(symlinks, base_run, tmp_path, run):
     run(out, "--max_steps", 6, "--resume")
     assert sorted(train_losses(out)) == [1, 2, 3, 4, 5, 6]
     assert os.readlink(out / LINK) == "step-000006"
-    assert resolve_model_dir(out) == (out / "step-000006").resolve()
+    assert read_model_dir(out, lambda d: None)[0] == (out / "step-000006").resolve()
 
 
 def test_model_path_resolves_the_link_once(base_run):
     """A reader gets the step folder itself, which later saves cannot flip under it."""
-    resolved = resolve_model_dir(base_run)
+    resolved, _ = read_model_dir(base_run, lambda d: None)
     assert resolved == (base_run / "step-000004").resolve() and not resolved.is_symlink()
 
 

@@ -9,12 +9,15 @@ few step folders are kept, and loading falls back to the newest earlier one when
 """
 
 import json
+import os
 import random
 import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,19 +102,23 @@ def save_checkpoint(out_dir: Path, model: MiniMindForCausalLM, tokenizer, traini
     return final
 
 
+class Damaged(ValueError):
+    """A checkpoint folder that fails the checks made before loading it (files missing, or not as its manifest says)."""
+
+
 def verify(path: Path) -> None:
-    """Raise ValueError if a file the manifest lists is missing or differs in size or content."""
+    """Raise Damaged if a file the manifest lists is missing or differs in size or content."""
     manifest = path / MANIFEST
     if not manifest.is_file():
         return  # written before manifests existed: loading it is the only check
     for name, (size, digest) in json.loads(manifest.read_text()).items():
         file = path / name
         if not file.is_file():
-            raise ValueError(f"{name} is missing")
+            raise Damaged(f"{name} is missing")
         if file.stat().st_size != size:
-            raise ValueError(f"{name} has {file.stat().st_size:,} bytes, not {size:,}")
+            raise Damaged(f"{name} has {file.stat().st_size:,} bytes, not {size:,}")
         if sha256_file(file) != digest:
-            raise ValueError(f"{name} is corrupt (its checksum changed)")
+            raise Damaged(f"{name} is corrupt (its checksum changed)")
 
 
 def load_one(path: Path) -> tuple[MiniMindForCausalLM, dict]:
@@ -150,17 +157,98 @@ def load_checkpoint(out_dir: Path, repair: bool = False) -> tuple[MiniMindForCau
                     "with --overwrite or in a new --out_dir")
 
 
-def resolve_model_dir(path: Path) -> Path:
-    """The directory holding config.json and the weights: path itself, or the step folder the trainer's
-    path/checkpoint link points to, resolved once so that a save during loading cannot mix two steps."""
-    if not path.exists():
-        raise UserError(f"{path}: no such directory; pass the trainer's --out_dir or a checkpoint folder")
-    if not path.is_dir():
-        raise UserError(f"{path}: is not a directory; pass the trainer's --out_dir or a checkpoint folder")
-    if not (path / "config.json").is_file() and (path / LINK).is_dir():
-        path = (path / LINK).resolve()
+READ_ATTEMPTS = 10  # scans of a run directory whose checkpoint a running trainer replaces while it is read
+
+
+def checked_model_dir(path: Path) -> None:
+    """Raise Damaged unless path has config.json, weights, and files that match its manifest (if any)."""
     if not (path / "config.json").is_file():
-        raise UserError(f"{path}: not a model directory (no config.json, no {LINK}/); has the run saved a checkpoint?")
+        raise Damaged("no config.json")
     if not any((path / name).is_file() for name in WEIGHT_FILES):
-        raise UserError(f"{path}: has config.json but no weights (none of {', '.join(WEIGHT_FILES)})")
-    return path
+        raise Damaged(f"has config.json but no weights (none of {', '.join(WEIGHT_FILES)})")
+    verify(path)
+    if (path / STATE_FILE).is_file() and not (path / MANIFEST).is_file():
+        print(f"note: {path} has no {MANIFEST} (saved before manifests existed), so its files are not checked",
+              file=sys.stderr)
+
+
+def read_model_dir(path: Path, load: Callable[[Path], Any]) -> tuple[Path, Any]:
+    """(model directory, load(model directory)) for what a tool is pointed at: a model directory (a step folder,
+    the checkpoint link, an export) or a run directory (the trainer's --out_dir). Every tool that reads a
+    checkpoint comes through here, so each one checks it the same way.
+
+    A checkpoint's files are checked against its manifest before load sees them; one without a manifest (older
+    checkpoints, exports) is loaded unchecked. In a run directory the checkpoints are tried as --resume tries
+    them (the link's target, then the step folders, newest first): any that fails the check or load is named in
+    one warning line with the one used instead. A damaged folder named directly is a one-line UserError that
+    says to pass the run directory. A folder that fails while the checkpoint link moved (or that vanished) was
+    replaced by a running trainer's newer save (with --keep_checkpoints 1 the previous one is deleted at once),
+    so the path is read again, at most READ_ATTEMPTS times. load raises UserError to refuse (passed on as it is); any other exception it raises
+    means the checkpoint is damaged.
+    """
+    failed: dict[Path, str] = {}
+    for _ in range(READ_ATTEMPTS):
+        if not path.exists():
+            raise UserError(f"{path}: no such directory; pass the trainer's --out_dir or a checkpoint folder")
+        if not path.is_dir():
+            raise UserError(f"{path}: is not a directory; pass the trainer's --out_dir or a checkpoint folder")
+        named = (path / "config.json").is_file()
+        try:  # each candidate resolved here, once: a save cannot mix two steps under load
+            candidates = [path.resolve()] if named else [p for p in find_checkpoints(path) if p not in failed]
+        except OSError as err:  # a folder this user may not list
+            raise UserError(f"{path}: cannot be read ({err.strerror or first_line(err)})") from None
+        links = link_targets(path)
+        for candidate in candidates:
+            try:
+                checked_model_dir(candidate)
+                loaded = load(candidate)
+            except Exception as err:  # truncated, missing or garbled files fail in many libraries, each its own way
+                if not candidate.is_dir() or link_targets(path) != links:
+                    break  # a newer save replaced it (perhaps still deleting it) while it was read: scan again
+                if isinstance(err, UserError):
+                    raise  # load refuses what it was given, whichever checkpoint: no reason to try another
+                if named:
+                    raise unreadable(candidate, err) from None
+                failed[candidate] = first_line(err)
+                continue
+            if failed or broken_link(path):
+                print(f"warning: {path}: {skipped(path, failed)}; using {candidate.name}, the newest intact "
+                      "checkpoint", file=sys.stderr)
+            return candidate, loaded
+        else:
+            if failed or broken_link(path):
+                raise UserError(f"{path}: no checkpoint can be loaded ({skipped(path, failed)}); restore a copy "
+                                "of a step folder, or train again")
+            raise UserError(f"{path}: not a model directory (no config.json, no {LINK} or step-* folders); has "
+                            "the run saved a checkpoint?")
+        print(f"note: {candidate.name} was replaced by a newer checkpoint while it was read; reading {path} again",
+              file=sys.stderr)
+    raise UserError(f"{path}: its checkpoint was replaced {READ_ATTEMPTS} times while it was read (a trainer "
+                    "saving at every step?); try again, or once the trainer has stopped")
+
+
+def link_targets(path: Path) -> tuple[Path, Path]:
+    """Where path and its checkpoint link lead now. A save flips the link before it deletes the folders it
+    replaces, so a change here tells a folder being deleted under a reader from a damaged one."""
+    return path.resolve(), (path / LINK).resolve()
+
+
+def unreadable(folder: Path, err: Exception) -> UserError:
+    """A damaged model directory named directly, as one line that says which folder to pass instead."""
+    reason = first_line(err) if isinstance(err, Damaged) else f"cannot load the model ({first_line(err)})"
+    try:
+        others = [p for p in find_checkpoints(folder.parent) if p != folder]
+    except OSError:  # a parent this user may not list: no advice then
+        others = []
+    hint = f"; pass the run directory {folder.parent} to use its newest intact checkpoint" if others else ""
+    return UserError(f"{folder}: {reason}{hint}")
+
+
+def broken_link(out_dir: Path) -> bool:
+    return (out_dir / LINK).is_symlink() and not (out_dir / LINK).exists()
+
+
+def skipped(out_dir: Path, failed: dict[Path, str]) -> str:
+    """What was passed over in a run directory: a broken link, and each checkpoint that failed, with why."""
+    broken = [f"{LINK} -> {os.readlink(out_dir / LINK)} does not exist"] if broken_link(out_dir) else []
+    return "; ".join(broken + [f"{p.name} is damaged ({why})" for p, why in failed.items()])

@@ -2,6 +2,7 @@
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from data import BatchSampler
@@ -31,7 +32,10 @@ def evaluate(model, tokens, batch_size: int, seq_len: int, steps: int | None, de
         rows = min(batch_size, mine - start)
         x, y = (t[:rows].to(device) for t in next(sampler))
         with autocast:
-            total += model(input_ids=x, shift_labels=y).loss.double() * rows
+            # From the logits, as MiniMind's forward computes its loss (fp32, mean over tokens): exported Llama or
+            # Qwen3 classes have no shift_labels argument, and this is the same number for every family.
+            logits = model(input_ids=x).logits
+            total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten()).double() * rows
     if world_size > 1:
         dist.all_reduce(total)
     model.train(was_training)

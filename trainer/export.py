@@ -10,26 +10,28 @@ import model  # noqa: F401  (registers MiniMind with the Auto classes)
 from common.cli import UserError, first_line
 from model import MiniMindForCausalLM
 from model.hf_export import hf_config, hf_family
-from trainer.checkpoint import resolve_model_dir
+from trainer.checkpoint import read_model_dir
 
 
 def export_model(src: Path) -> tuple[Path, MiniMindForCausalLM, torch.nn.Module]:
     """(model directory, the MiniMind model, the float32 transformers model holding the same weights), or a
-    one-line UserError for a checkpoint that no allowlisted family computes exactly. Shared by
+    one-line UserError for a checkpoint that no allowlisted family computes exactly, or that is damaged (see
+    read_model_dir: a run directory falls back to its newest intact checkpoint). Shared by
     scripts/convert_to_hf.py and scripts/convert_to_gguf.py."""
-    src = resolve_model_dir(src)
-    try:
-        cfg = AutoConfig.from_pretrained(src)
-    except Exception as err:  # unknown model_type, malformed JSON, ...
-        raise UserError(f"{src}: cannot read config.json ({first_line(err)})") from None
-    if cfg.model_type != "minimind":
-        raise UserError(f"{src} holds a {cfg.model_type!r} model, not a MiniMind checkpoint")
-    try:
-        family = hf_family(cfg)
-    except ValueError as err:
-        raise UserError(f"cannot export this checkpoint: {err}") from None
+    def read(model_dir: Path):
+        try:
+            cfg = AutoConfig.from_pretrained(model_dir)
+        except Exception as err:  # unknown model_type, malformed JSON, ...
+            raise UserError(f"{model_dir}: cannot read config.json ({first_line(err)})") from None
+        if cfg.model_type != "minimind":
+            raise UserError(f"{model_dir} holds a {cfg.model_type!r} model, not a MiniMind checkpoint")
+        try:
+            family = hf_family(cfg)
+        except ValueError as err:
+            raise UserError(f"cannot export this checkpoint: {err}") from None
+        return cfg, family, MiniMindForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
-    source = MiniMindForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    src, (cfg, family, source) = read_model_dir(Path(src), read)
     target = AutoModelForCausalLM.from_config(hf_config(cfg, family), dtype=torch.float32)
     missing, unexpected = target.load_state_dict(source.state_dict(), strict=False)
     gains = [k for k in missing if k.endswith("norm.weight")]
