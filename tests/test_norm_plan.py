@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, LlamaForCausalLM, Olmo2ForCausalLM, Qwen3ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    LlamaForCausalLM,
+    Olmo2ForCausalLM,
+    Qwen3ForCausalLM,
+)
 
 import model.model_minimind as mm
 from common.cli import UserError
@@ -420,7 +427,10 @@ def load_converter():
 
 @pytest.mark.parametrize("overrides,cls", [
     ({}, LlamaForCausalLM), ({"norm_type": "rmsnorm_noparam"}, LlamaForCausalLM),
-    ({"qk_norm": "head"}, Qwen3ForCausalLM), ({"norm_position": "reorder", "qk_norm": "proj"}, Olmo2ForCausalLM)])
+    ({"qk_norm": "head"}, Qwen3ForCausalLM), ({"norm_position": "reorder", "qk_norm": "proj"}, Olmo2ForCausalLM),
+    ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale"}, Gemma2ForCausalLM),
+    ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale", "qk_norm": "head"},
+     Gemma3ForCausalLM)])
 def test_export_gives_the_same_logits(tmp_path, overrides, cls):
     model = tiny_model(**overrides)
     model.save_pretrained(tmp_path / "src")

@@ -206,3 +206,28 @@ def test_bf16_autocast_forward_backward_with_one_plus_w(norm_type):
     out.loss.backward()
     assert torch.isfinite(out.loss)
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("overrides,word", [
+    ({"sub_norm": True}, "sub_norm"), ({"embed_norm": "norm"}, "embed_norm"),
+    ({"norm_gain": "one_plus_w"}, "norm_gain"), ({"embed_norm": "scale"}, "embed_norm"),
+    ({"norm_position": "peri", "norm_gain": "one_plus_w"}, "embed_norm"),
+    ({"norm_position": "peri", "embed_norm": "scale"}, "norm_gain"),
+    ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale", "norm_type": "ssnorm"}, "norm_type"),
+    ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale", "qk_norm": "proj"}, "qk_norm"),
+    (placed("hybrid"), "v_norm")])
+def test_export_refuses_what_no_family_computes(overrides, word):
+    from model.hf_export import hf_family
+    with pytest.raises(ValueError) as err:
+        hf_family(MiniMindConfig(**TINY, **overrides))
+    assert word in str(err.value) and "\n" not in str(err.value)
+
+
+def test_gguf_refuses_the_gemma_families(tmp_path):
+    from common.cli import UserError
+    from scripts import convert_to_gguf
+    tiny_model(perturb=False, norm_position="peri", norm_gain="one_plus_w", embed_norm="scale").save_pretrained(
+        tmp_path / "src")
+    with pytest.raises(UserError, match="gemma2 model has no GGUF export"):
+        convert_to_gguf.convert(tmp_path / "src", tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()
