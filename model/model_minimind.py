@@ -50,7 +50,8 @@ mix only; no extra norms). Also with every placement:
 norm_type (RMSNorm, LayerNorm, DyT, BatchNorm, none) is independent of all of this.
 
 Pre-Norm RMSNorm maps 1:1 onto LlamaForCausalLM, with head QK-norm onto Qwen3ForCausalLM, and reorder with proj
-QK-norm onto Olmo2ForCausalLM (scripts/convert_to_hf.py).
+QK-norm onto Olmo2ForCausalLM; peri RMSNorm with one_plus_w gains and the sqrt(d) embedding scale onto
+Gemma2ForCausalLM, with head QK-norm onto Gemma3ForCausalLM (scripts/convert_to_hf.py).
 """
 
 import math
