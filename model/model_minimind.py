@@ -27,11 +27,11 @@ placement, so one name can mean different things in different placements:
                                              the MLP start at beta = (8L)^(-1/4) times the usual init
   mix        post in blocks < floor(f * L),  post's names in the Post blocks, pre's in the others   yes    17
              pre in the rest (Mix-LN)        (f = mix_ln_fraction = 0.25: 2 Post blocks at L=8)
-  hybrid     N(x + Attn(x)), then h + FFN(h) post_attention_layernorm (after attn add), and              yes    33
-             (HybridNorm; q, k, v of the  self_attn.q_norm / k_norm / v_norm; the MLP has none
-             raw stream, normalized)     (needs qk_norm="head" and v_norm="head")
-  hybrid_star  block 0 as pre + QKV-norm,  block 0: pre's names + q/k/v norms; the rest as hybrid       yes    34
-             the others as hybrid (HybridNorm*)
+  hybrid     N(x + Attn(x)), then h + FFN(h) post_attention_layernorm (after attn add),             yes    33
+             (HybridNorm; q, k, v are taken  self_attn.q_norm / k_norm / v_norm; no MLP norm
+             from the raw stream, normalized) (needs qk_norm="head" and v_norm="head")
+  hybrid_star  block 0 pre + QKV-norm,       block 0: pre's names and q/k/v norms;                  yes    34
+             the rest hybrid (HybridNorm*)   the others as hybrid
 
 A final norm is kept wherever the last block leaves the residual stream un-normalized; after a Post block it
 would only rescale what that block's norm produced. Two switches work with every placement:
