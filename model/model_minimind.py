@@ -262,7 +262,7 @@ class NormType:
 
 def _init_affine(m: nn.Module) -> None:
     if m.weight is not None:  # a gain of 1 either way: stored as 1, or as w = 0 applied as 1 + w
-        init.constant_(m.weight, 0.0 if getattr(m, "one_plus_w", False) else 1.0)
+        init.constant_(m.weight, 0.0 if m.one_plus_w else 1.0)
     if getattr(m, "bias", None) is not None:
         init.zeros_(m.bias)
 
