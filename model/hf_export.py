@@ -7,21 +7,40 @@ module names, so the state dict carries over unchanged (parameter-free RMSNorm b
     pre     + RMSNorm + qk_norm="head"    -> Qwen3ForCausalLM   (per-head q_norm / k_norm before RoPE)
     reorder + RMSNorm + qk_norm="proj"    -> Olmo2ForCausalLM   (norms on the sublayer outputs, whole-projection
                                                                   q_norm / k_norm)
+    peri    + RMSNorm + norm_gain="one_plus_w" + embed_norm="scale"
+                                          -> Gemma2ForCausalLM  (sandwich norms, (1 + w) gains in float32, embeddings
+                                                                  times sqrt(hidden_size) in their dtype)
+    the same          + qk_norm="head"    -> Gemma3ForCausalLM  (text; per-head (1 + w) q_norm / k_norm before RoPE)
+The Gemma configs are set to compute this model: SiLU-gated MLP (Gemma's default is tanh-approximated GELU),
+attention scale 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim), full attention in every layer (no sliding
+window), no soft-capping of attention or final logits, and one RoPE theta for every layer.
 Everything else is refused with the reason, including settings that change the function without adding any
 weights (LayerNorm Scaling, DeepNorm's alpha and beta, Mix-LN's Post blocks).
 """
 
-from transformers import LlamaConfig, Olmo2Config, PretrainedConfig, Qwen3Config
+from transformers import (
+    Gemma2Config,
+    Gemma3TextConfig,
+    LlamaConfig,
+    Olmo2Config,
+    PretrainedConfig,
+    Qwen3Config,
+)
 
 from model.model_minimind import NORM_TYPES
 
-FAMILIES = {("pre", "none"): "llama", ("pre", "head"): "qwen3", ("reorder", "proj"): "olmo2"}
-CONFIG_CLASSES = {"llama": LlamaConfig, "qwen3": Qwen3Config, "olmo2": Olmo2Config}
-ALLOWED = "pre (Llama), pre + qk_norm=head (Qwen3) or reorder + qk_norm=proj (OLMo 2), each with RMSNorm"
+# (norm_position, qk_norm, norm_gain, embed_norm) -> family
+FAMILIES = {("pre", "none", "w", "none"): "llama", ("pre", "head", "w", "none"): "qwen3",
+            ("reorder", "proj", "w", "none"): "olmo2", ("peri", "none", "one_plus_w", "scale"): "gemma2",
+            ("peri", "head", "one_plus_w", "scale"): "gemma3"}
+CONFIG_CLASSES = {"llama": LlamaConfig, "qwen3": Qwen3Config, "olmo2": Olmo2Config, "gemma2": Gemma2Config,
+                  "gemma3": Gemma3TextConfig}
+ALLOWED = ("pre (Llama), pre + qk_norm=head (Qwen3) or reorder + qk_norm=proj (OLMo 2), each with RMSNorm; "
+           "peri + norm_gain=one_plus_w + embed_norm=scale (Gemma 2), and with qk_norm=head (Gemma 3), with rmsnorm")
 
 
 def hf_family(cfg) -> str:
-    """'llama', 'qwen3' or 'olmo2'; a ValueError with a one-line reason for any other configuration."""
+    """'llama', 'qwen3', 'olmo2', 'gemma2' or 'gemma3'; a ValueError with a one-line reason for anything else."""
     if not NORM_TYPES[cfg.norm_type].hf_rmsnorm:
         raise ValueError(f"norm_type={cfg.norm_type!r} ({NORM_TYPES[cfg.norm_type].help}): the exportable "
                          f"families normalize with RMSNorm only")
@@ -29,22 +48,53 @@ def hf_family(cfg) -> str:
         raise ValueError(f"norm_scaling={cfg.norm_scaling!r} scales the norm outputs by 1/sqrt(layer), which no "
                          "Hugging Face family does (it adds no weights to carry it)")
     if getattr(cfg, "v_norm", "none") != "none":
-        raise ValueError(f"v_norm={cfg.v_norm!r} normalizes v per head, which Llama, Qwen3 and OLMo 2 do not do "
-                         f"(Gemma 3n/4 do, with other changes not matched here); exportable: {ALLOWED}")
+        raise ValueError(f"v_norm={cfg.v_norm!r} normalizes v per head, which Llama, Qwen3, OLMo 2 and Gemma 2/3 "
+                         f"do not do (Gemma 3n/4 do, with other changes not matched here); exportable: {ALLOWED}")
     if getattr(cfg, "attn_gate", "none") != "none" or getattr(cfg, "attn_sinks", False):
-        raise ValueError("attn_gate and attn_sinks change attention in ways Llama, Qwen3 and OLMo 2 do not (Qwen3-Next "
+        raise ValueError("attn_gate and attn_sinks change attention in ways no exportable family does (Qwen3-Next "
                          f"gates and GPT-OSS has sinks, with other changes not matched here); exportable: {ALLOWED}")
-    family = FAMILIES.get((cfg.norm_position, cfg.qk_norm))
+    if getattr(cfg, "sub_norm", False):
+        raise ValueError("sub_norm=True adds attn_sub_norm and ffn_sub_norm, which only BitNet has, and BitNet's "
+                         f"ternary weights are not matched here; exportable: {ALLOWED}")
+    if getattr(cfg, "embed_norm", "none") == "norm":
+        raise ValueError("embed_norm='norm' normalizes the embeddings (BLOOM: LayerNorm, ALiBi, no gated MLP), "
+                         f"which no exportable family does; exportable: {ALLOWED}")
+    key = (cfg.norm_position, cfg.qk_norm, getattr(cfg, "norm_gain", "w"), getattr(cfg, "embed_norm", "none"))
+    family = FAMILIES.get(key)
     if family is None:
-        raise ValueError(f"norm_position={cfg.norm_position!r} with qk_norm={cfg.qk_norm!r} has no Hugging Face "
-                         f"equivalent; exportable: {ALLOWED}")
+        raise ValueError(f"norm_position={key[0]!r} with qk_norm={key[1]!r}, norm_gain={key[2]!r} and "
+                         f"embed_norm={key[3]!r} has no Hugging Face equivalent; exportable: {ALLOWED}")
+    if family.startswith("gemma") and cfg.norm_type != "rmsnorm":
+        raise ValueError(f"norm_type={cfg.norm_type!r}: Gemma's norms have (1 + w) gains; exportable: {ALLOWED}")
     return family
+
+
+def gemma_fields(cfg, family: str) -> dict:
+    """What makes a Gemma 2/3 config compute this model rather than Gemma's own recipe."""
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    return {
+        "head_dim": cfg.head_dim,
+        "hidden_activation": "silu",
+        "query_pre_attn_scalar": cfg.head_dim,  # scale 1/sqrt(head_dim)
+        "layer_types": ["full_attention"] * cfg.num_hidden_layers,
+        # No layer slides; the model still builds a sliding mask, so give it a window as long as the context
+        "sliding_window": cfg.max_position_embeddings,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+        # Gemma 3 keeps one RoPE per layer type; only full_attention is used, the other is set alike
+        "rope_parameters": rope if family == "gemma2" else {"full_attention": rope, "sliding_attention": dict(rope)},
+    }
 
 
 def hf_config(cfg, family: str | None = None) -> PretrainedConfig:
     """The config of the transformers model that computes exactly what a MiniMind model of config cfg does."""
     family = family or hf_family(cfg)
-    extra = {"head_dim": cfg.head_dim, "use_sliding_window": False} if family == "qwen3" else {}
+    if family.startswith("gemma"):
+        extra = gemma_fields(cfg, family)
+    else:
+        extra = {"hidden_act": "silu", "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta}}
+        if family == "qwen3":
+            extra |= {"head_dim": cfg.head_dim, "use_sliding_window": False}
     config = CONFIG_CLASSES[family](
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
@@ -54,8 +104,6 @@ def hf_config(cfg, family: str | None = None) -> PretrainedConfig:
         num_key_value_heads=cfg.num_key_value_heads,
         max_position_embeddings=cfg.max_position_embeddings,
         rms_norm_eps=cfg.rms_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        hidden_act="silu",
         attention_bias=False,
         tie_word_embeddings=cfg.tie_word_embeddings,
         bos_token_id=cfg.bos_token_id,

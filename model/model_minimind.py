@@ -27,6 +27,11 @@ placement, so one name can mean different things in different placements:
                                              the MLP start at beta = (8L)^(-1/4) times the usual init
   mix        post in blocks < floor(f * L),  post's names in the Post blocks, pre's in the others   yes    17
              pre in the rest (Mix-LN)        (f = mix_ln_fraction = 0.25: 2 Post blocks at L=8)
+  hybrid     N(x + Attn(x)), then h + FFN(h) post_attention_layernorm (after attn add),             yes    33
+             (HybridNorm; q, k, v are taken  self_attn.q_norm / k_norm / v_norm; no MLP norm
+             from the raw stream, normalized) (needs qk_norm="head" and v_norm="head")
+  hybrid_star  block 0 pre + QKV-norm,       block 0: pre's names and q/k/v norms;                  yes    34
+             the rest hybrid (HybridNorm*)   the others as hybrid
 
 A final norm is kept wherever the last block leaves the residual stream un-normalized; after a Post block it
 would only rescale what that block's norm produced. Two switches work with every placement:
@@ -34,7 +39,14 @@ would only rescale what that block's norm produced. Two switches work with every
   qk_norm="proj"  the same over the whole q / k projections, before the head split (OLMo 2):       +2 per block
 plus v_norm="head": self_attn.v_norm over each head's v, before attention (Gemma 3n/4 QKV-norm): +1 per block;
 and norm_scaling="depth" (LayerNorm Scaling) multiplies the input norms of block l = 1..L by 1/sqrt(l) (pre and
-mix only; no extra norms). norm_type (RMSNorm, LayerNorm, DyT, BatchNorm, none) is independent of all of this.
+mix only; no extra norms). Also with every placement:
+  sub_norm=True       self_attn.attn_sub_norm on the concatenated heads before o_proj (width heads * head_dim) and
+                      mlp.ffn_sub_norm on the SwiGLU product before down_proj (width intermediate_size), BitNet's
+                      names (Sub-LN, NormFormer's inner norms):                                  +2 per block
+  embed_norm="scale"  the looked-up embeddings times sqrt(hidden_size) (Gemma):                   no extra norm
+  embed_norm="norm"   model.word_embeddings_layernorm right after the lookup (BLOOM):             +1
+  norm_gain="one_plus_w"  every gain stored as w (init 0) and applied as 1 + w in float32 (Gemma 2/3); the
+                      same function at init, but weight decay (--norm_weight_decay) pulls it toward 1, not 0
 Two attention options are not norms and add none (count_norms is unchanged), but target what norms shape, attention
 sinks and massive activations; they too work with every placement:
   attn_gate="elementwise"|"headwise"  y_h * sigmoid(gate_h) on each head's output before o_proj, the gate logits
@@ -42,9 +54,11 @@ sinks and massive activations; they too work with every placement:
                                       Qwen3-Next's layout)                                     +0 norms
   attn_sinks=True                     self_attn.sinks, one learnable logit per head in every softmax row
                                       (GPT-OSS, DeepSeek-V4)                                   +0 norms
+norm_type (RMSNorm, LayerNorm, DyT, BatchNorm, none) is independent of all of this.
 
 Pre-Norm RMSNorm maps 1:1 onto LlamaForCausalLM, with head QK-norm onto Qwen3ForCausalLM, and reorder with proj
-QK-norm onto Olmo2ForCausalLM (scripts/convert_to_hf.py).
+QK-norm onto Olmo2ForCausalLM; peri RMSNorm with one_plus_w gains and the sqrt(d) embedding scale onto
+Gemma2ForCausalLM, with head QK-norm onto Gemma3ForCausalLM (scripts/convert_to_hf.py).
 """
 
 import math
@@ -59,14 +73,18 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from model.norms import BatchNorm, DyT, SSNorm
+from model.norms import BatchNorm, DyT, LayerNorm, SSNorm, gain_of
 from model.rmsnorm_kernels import rms_norm
 
-NORM_POSITIONS = ("pre", "post", "peri", "reorder", "deepnorm", "mix")
+NORM_POSITIONS = ("pre", "post", "peri", "reorder", "deepnorm", "mix", "hybrid", "hybrid_star")
+# HybridNorm normalizes q, k and v inside attention in place of an input norm: these placements need both fields.
+QKV_PLACEMENTS = ("hybrid", "hybrid_star")
 NORM_SCALINGS = ("none", "depth")
 QK_NORMS = ("none", "head", "proj")
 V_NORMS = ("none", "head")
 ATTN_GATES = ("none", "headwise", "elementwise")
+EMBED_NORMS = ("none", "scale", "norm")
+NORM_GAINS = ("w", "one_plus_w")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -97,6 +115,9 @@ class MiniMindConfig(PretrainedConfig):
         v_norm: str = "none",
         attn_gate: str = "none",
         attn_sinks: bool = False,
+        sub_norm: bool = False,
+        embed_norm: str = "none",
+        norm_gain: str = "w",
         deepnorm_alpha: float | None = None,
         deepnorm_beta: float | None = None,
         dyt_alpha_init: float = 0.5,
@@ -129,6 +150,9 @@ class MiniMindConfig(PretrainedConfig):
         self.v_norm = v_norm
         self.attn_gate = attn_gate
         self.attn_sinks = attn_sinks
+        self.sub_norm = sub_norm
+        self.embed_norm = embed_norm
+        self.norm_gain = norm_gain
         # DeepNet's decoder-only constants unless set (setting both to 1 turns deepnorm into post, a test uses it)
         self.deepnorm_alpha = deepnorm_alpha
         self.deepnorm_beta = deepnorm_beta
@@ -170,7 +194,8 @@ class MiniMindConfig(PretrainedConfig):
         for name, allowed in (("norm_type", sorted(NORM_TYPES)), ("norm_position", list(NORM_POSITIONS)),
                               ("norm_scaling", list(NORM_SCALINGS)), ("qk_norm", list(QK_NORMS)),
                               ("v_norm", list(V_NORMS)), ("attn_gate", list(ATTN_GATES)),
-                              ("attn_sinks", [False, True])):
+                              ("attn_sinks", [False, True]), ("embed_norm", list(EMBED_NORMS)),
+                              ("norm_gain", list(NORM_GAINS))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.norm_scaling != "none" and self.norm_position not in ("pre", "mix"):
@@ -182,6 +207,19 @@ class MiniMindConfig(PretrainedConfig):
         if self.v_norm != "none" and self.norm_type == "none":
             raise ValueError(f"v_norm={self.v_norm!r} needs a norm to apply; allowed with any norm_type but "
                              "'none' (or set v_norm='none')")
+        if self.norm_position in QKV_PLACEMENTS and (self.qk_norm, self.v_norm) != ("head", "head"):
+            raise ValueError(f"norm_position={self.norm_position!r} (HybridNorm) normalizes q, k and v per head in "
+                             f"place of the attention input norm: set qk_norm='head' and v_norm='head', got "
+                             f"qk_norm={self.qk_norm!r}, v_norm={self.v_norm!r}")
+        if not isinstance(self.sub_norm, bool):
+            raise ValueError(f"sub_norm must be true or false, got {self.sub_norm!r}")
+        for name, adds_norms in (("sub_norm", self.sub_norm), ("embed_norm", self.embed_norm == "norm")):
+            if adds_norms and self.norm_type == "none":
+                raise ValueError(f"{name}={getattr(self, name)!r} adds norms; allowed with any norm_type but 'none'")
+        if self.norm_gain != "w" and not NORM_TYPES[self.norm_type].gain:
+            raise ValueError(f"norm_gain={self.norm_gain!r} reparametrizes a norm's gain, and "
+                             f"norm_type={self.norm_type!r} has none; allowed with "
+                             f"{[n for n, t in NORM_TYPES.items() if t.gain]}")
         if not 0 <= self.mix_ln_fraction <= 1:
             raise ValueError(f"mix_ln_fraction must be in [0, 1], got {self.mix_ln_fraction}")
         for name in ("deepnorm_alpha", "deepnorm_beta", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
@@ -207,14 +245,19 @@ class RMSNorm(nn.Module):
     The arithmetic lives in model/rmsnorm_kernels.py: the eager formula
         xf = x.float(); (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
     or, with the same output bit for bit, a faster way to run it, chosen by device and dtype from measurement.
+    one_plus_w=True stores the gain as w (starting at 0) and applies 1 + w in Gemma 2/3's order: all in float32,
+    cast to x's dtype last (model/norms.py, gain_of).
     """
 
-    def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True):
+    def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True, one_plus_w: bool = False):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim)) if elementwise_affine else None
+        self.one_plus_w = one_plus_w
+        self.weight = nn.Parameter(torch.full((dim,), 0.0 if one_plus_w else 1.0)) if elementwise_affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.one_plus_w and self.weight is not None:  # the same kernel on float32 x, so in fp32 it is exact
+            return rms_norm(x.float(), gain_of(self), self.eps).to(x.dtype)
         return rms_norm(x, self.weight, self.eps)
 
 
@@ -226,12 +269,13 @@ class NormType:
     build: Callable[[int, MiniMindConfig, str], nn.Module] | None = None  # (dim, config, site) -> a module
     init: Callable[[nn.Module], None] | None = None  # the fresh-model state (also for buffers)
     hf_rmsnorm: bool = False  # computes what HF's RMSNorm (Llama, Qwen3, OLMo 2) computes, gains included
+    gain: bool = True  # has a learnable gain (which norm_gain='one_plus_w' stores as w, applied as 1 + w)
     help: str = ""
 
 
 def _init_affine(m: nn.Module) -> None:
-    if m.weight is not None:
-        init.ones_(m.weight)
+    if m.weight is not None:  # a gain of 1 either way: stored as 1, or as w = 0 applied as 1 + w
+        init.constant_(m.weight, 0.0 if m.one_plus_w else 1.0)
     if getattr(m, "bias", None) is not None:
         init.zeros_(m.bias)
 
@@ -254,26 +298,30 @@ def dyt_alpha(cfg: MiniMindConfig, site: str) -> float:
     return cfg.dyt_alpha_init if per_site is None else per_site
 
 
+def one_plus_w(cfg: MiniMindConfig) -> bool:
+    return cfg.norm_gain == "one_plus_w"
+
+
 NORM_TYPES = {
     "rmsnorm": NormType(
-        RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps), _init_affine, hf_rmsnorm=True,
-        help="x / rms(x) * gain (Llama)"),
+        RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, one_plus_w=one_plus_w(cfg)), _init_affine,
+        hf_rmsnorm=True, help="x / rms(x) * gain (Llama)"),
     "rmsnorm_noparam": NormType(
         RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, elementwise_affine=False), _init_affine,
-        hf_rmsnorm=True, help="RMSNorm without gains"),
+        hf_rmsnorm=True, gain=False, help="RMSNorm without gains"),
     "ssnorm": NormType(
-        SSNorm, lambda dim, cfg, site: SSNorm(cfg.rms_norm_eps), _init_affine,
+        SSNorm, lambda dim, cfg, site: SSNorm(cfg.rms_norm_eps, one_plus_w(cfg)), _init_affine,
         help="x / rms(x) * one scalar gain (single-scale RMSNorm, OSP 2025)"),
     "layernorm": NormType(
-        nn.LayerNorm, lambda dim, cfg, site: nn.LayerNorm(dim, eps=cfg.rms_norm_eps, bias=True), _init_affine,
+        LayerNorm, lambda dim, cfg, site: LayerNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)), _init_affine,
         help="(x - mean) / std * gain + bias (GPT-2)"),
     "dyt": NormType(
-        DyT, lambda dim, cfg, site: DyT(dim, dyt_alpha(cfg, site)), _init_dyt,
+        DyT, lambda dim, cfg, site: DyT(dim, dyt_alpha(cfg, site), one_plus_w(cfg)), _init_dyt,
         help="gain * tanh(alpha * x) + bias, no statistics (DyT, 2025)"),
     "batchnorm": NormType(
-        BatchNorm, lambda dim, cfg, site: BatchNorm(dim, cfg.rms_norm_eps), _init_batchnorm,
+        BatchNorm, lambda dim, cfg, site: BatchNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)), _init_batchnorm,
         help="statistics over the batch: a demonstration that it leaks future tokens"),
-    "none": NormType(None, help="no normalization at all"),
+    "none": NormType(None, gain=False, help="no normalization at all"),
 }
 NORM_MODULES = tuple(dict.fromkeys(t.cls for t in NORM_TYPES.values() if t.cls is not None))
 
@@ -317,6 +365,8 @@ POST = (Slots(around="post_attention_layernorm"), Slots(around="post_feedforward
 PERI = (Slots(before="input_layernorm", after="post_attention_layernorm"),
         Slots(before="pre_feedforward_layernorm", after="post_feedforward_layernorm"))
 REORDER = (Slots(after="post_attention_layernorm"), Slots(after="post_feedforward_layernorm"))
+# HybridNorm: Post-Norm around attention (whose q, k and v carry their own norms) and no norm at the MLP
+HYBRID = (Slots(around="post_attention_layernorm"), Slots())
 
 
 @dataclass(frozen=True)
@@ -343,8 +393,11 @@ def layer_plans(config: MiniMindConfig) -> list[LayerPlan]:
     for i in range(L):
         if position == "mix":
             slots = POST if i < num_post_blocks(config) else PRE
+        elif position == "hybrid_star":  # HybridNorm*: block 0 is a Pre-Norm block (with the QKV-norm)
+            slots = PRE if i == 0 else HYBRID
         else:
-            slots = {"pre": PRE, "post": POST, "peri": PERI, "reorder": REORDER, "deepnorm": POST}[position]
+            slots = {"pre": PRE, "post": POST, "peri": PERI, "reorder": REORDER, "deepnorm": POST,
+                     "hybrid": HYBRID}[position]
         scale = 1 / math.sqrt(i + 1) if config.norm_scaling == "depth" else 1.0
         plans.append(LayerPlan(*slots, skip_scale=alpha, input_scale=scale, init_scale=beta))
     return plans
@@ -362,11 +415,16 @@ def norm_variant(config: MiniMindConfig) -> str:
         placement += f"{config.mix_ln_fraction:g}"
     if config.norm_scaling != "none":
         placement += f"+{config.norm_scaling}"
-    if config.qk_norm == config.v_norm == "head":
+    if config.norm_position in QKV_PLACEMENTS:
+        pass  # HybridNorm always has the QKV-norm
+    elif config.qk_norm == config.v_norm == "head":
         placement += "+qkv"  # QKV-norm: per-head norms on q, k and v
     else:
         placement += f"+qk_{config.qk_norm}" if config.qk_norm != "none" else ""
         placement += f"+v_{config.v_norm}" if config.v_norm != "none" else ""
+    placement += "+sub" if config.sub_norm else ""
+    placement += f"+embed_{config.embed_norm}" if config.embed_norm != "none" else ""
+    placement += "+one_plus_w" if config.norm_gain == "one_plus_w" else ""
     placement += {"none": "", "elementwise": "+gate", "headwise": "+gate_head"}[config.attn_gate]
     placement += "+sinks" if config.attn_sinks else ""
     return f"{placement}-{config.norm_type}"
@@ -457,6 +515,8 @@ class Attention(nn.Module):
         # probability on "nothing" instead of on a real token. Zero at init (DeepSeek-V4; GPT-OSS draws it from
         # N(0, 0.02)): it draws no random numbers, so every other weight starts as in the sink-free model.
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
+        # Sub-LN (BitNet; NormFormer's head-output norm): the concatenated heads normalized before o_proj
+        self.attn_sub_norm = make_norm(config, "attn", self.n_heads * self.head_dim) if config.sub_norm else None
 
     def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Queries [batch, heads, seq, head_dim] and keys [batch, kv_heads, seq, head_dim] as attention uses them:
@@ -505,7 +565,10 @@ class Attention(nn.Module):
         ).transpose(1, 2)
         if gate is not None:
             y = y * torch.sigmoid(gate)
-        return self.o_proj(y.reshape(bsz, seq, -1))
+        y = y.reshape(bsz, seq, -1)
+        if self.attn_sub_norm is not None:
+            y = self.attn_sub_norm(y)
+        return self.o_proj(y)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -520,9 +583,12 @@ class FeedForward(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         for proj in (self.gate_proj, self.up_proj, self.down_proj):
             proj.init_scale = init_scale  # DeepNorm's beta
+        # Sub-LN (BitNet; NormFormer's FFN norm): the SwiGLU product normalized before down_proj
+        self.ffn_sub_norm = make_norm(config, "mlp", config.intermediate_size) if config.sub_norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        h = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(h if self.ffn_sub_norm is None else self.ffn_sub_norm(h))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -586,6 +652,10 @@ class MiniMindModel(MiniMindPreTrainedModel):
     def __init__(self, config: MiniMindConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # What the blocks receive from the lookup: as is, times sqrt(hidden_size) (Gemma), or normalized (BLOOM)
+        self.embed_norm = config.embed_norm
+        if self.embed_norm == "norm":
+            self.word_embeddings_layernorm = make_norm(config, "embed")
         self.layers = nn.ModuleList(MiniMindBlock(config, i, plan) for i, plan in enumerate(layer_plans(config)))
         # Pre-Norm leaves the residual stream un-normalized, so it needs one last norm before lm_head.
         self.norm = make_norm(config, "final") if has_final_norm(config) else nn.Identity()
@@ -603,7 +673,14 @@ class MiniMindModel(MiniMindPreTrainedModel):
         output_hidden_states: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
-        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if inputs_embeds is not None:
+            x = inputs_embeds  # taken as looked up (and, for "scale", scaled) already, as in Gemma
+        else:
+            x = self.embed_tokens(input_ids)
+            if self.embed_norm == "scale":  # in the weights' dtype: sqrt(d) rounded to float32, then to it (Gemma)
+                x = x * torch.tensor(self.config.hidden_size**0.5).to(x.dtype)
+        if self.embed_norm == "norm":  # on inputs_embeds too, as in BLOOM
+            x = self.word_embeddings_layernorm(x)
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0

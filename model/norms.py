@@ -1,13 +1,26 @@
-"""The norm types besides RMSNorm (which lives in model_minimind.py, as the default): SSNorm, DyT and BatchNorm.
+"""The norm types besides RMSNorm (which lives in model_minimind.py, as the default): SSNorm, LayerNorm, DyT and
+BatchNorm.
 
-LayerNorm is torch's nn.LayerNorm. Every class here takes the hidden (last) dimension of a [..., dim] tensor, so
+LayerNorm is torch's nn.LayerNorm with that option added. Every class here takes the hidden (last) dimension of a [..., dim] tensor, so
 any of them fits any norm slot of the model; model_minimind.NORM_TYPES chooses among them by name.
+
+Each takes one_plus_w (the config's norm_gain="one_plus_w"): the gain is stored as w, starting at 0, and applied
+as 1 + w (Gemma 2/3, Qwen3-Next, TransformerEngine's zero_centered_gamma). It is the same function at init, but
+weight decay now pulls the gain toward 1 instead of 0. As in Gemma, that path computes in float32 and casts to
+the input's dtype last; on float32 input it runs the very ops of the plain path, so with w = 0 it matches a plain
+gain of 1 bit for bit, forward and backward.
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model.rmsnorm_kernels import rms_norm
+
+
+def gain_of(norm: nn.Module) -> torch.Tensor:
+    """The gain a norm multiplies by: its weight, or 1 + weight in float32 for one_plus_w."""
+    return 1 + norm.weight.float() if norm.one_plus_w else norm.weight
 
 
 class SSNorm(nn.Module):
@@ -18,13 +31,31 @@ class SSNorm(nn.Module):
     computes exactly what RMSNorm with unit gains computes.
     """
 
-    def __init__(self, eps: float = 1e-5):
+    def __init__(self, eps: float = 1e-5, one_plus_w: bool = False):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(1))
+        self.one_plus_w = one_plus_w
+        self.weight = nn.Parameter(torch.full((1,), 0.0 if one_plus_w else 1.0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.one_plus_w:
+            return (rms_norm(x.float(), None, self.eps) * gain_of(self)).to(x.dtype)
         return rms_norm(x, None, self.eps) * self.weight
+
+
+class LayerNorm(nn.LayerNorm):
+    """torch's LayerNorm (with bias), plus the (1 + w) gain."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, one_plus_w: bool = False):
+        super().__init__(dim, eps=eps, bias=True)
+        self.one_plus_w = one_plus_w
+        if one_plus_w:
+            nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.one_plus_w:
+            return super().forward(x)
+        return F.layer_norm(x.float(), self.normalized_shape, gain_of(self), self.bias.float(), self.eps).to(x.dtype)
 
 
 class DyT(nn.Module):
@@ -35,14 +66,17 @@ class DyT(nn.Module):
     MiniMindConfig.dyt_alpha_init_*), weight at 1 and bias at 0.
     """
 
-    def __init__(self, dim: int, alpha_init: float = 0.5):
+    def __init__(self, dim: int, alpha_init: float = 0.5, one_plus_w: bool = False):
         super().__init__()
         self.alpha_init = alpha_init
+        self.one_plus_w = one_plus_w
         self.alpha = nn.Parameter(torch.full((1,), alpha_init))
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.full((dim,), 0.0 if one_plus_w else 1.0))
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.one_plus_w:
+            return (torch.tanh(self.alpha * x.float()) * gain_of(self) + self.bias.float()).to(x.dtype)
         return torch.tanh(self.alpha * x) * self.weight + self.bias
 
 
@@ -56,8 +90,19 @@ class BatchNorm(nn.BatchNorm1d):
     training. That contrast is what it is here to show (tests/test_norm_plan.py checks the leak).
     """
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int, eps: float = 1e-5, one_plus_w: bool = False):
         super().__init__(dim, eps=eps)
+        self.one_plus_w = one_plus_w
+        if one_plus_w:
+            nn.init.zeros_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.reshape(-1, x.shape[-1])).view(x.shape)
+        flat = x.reshape(-1, x.shape[-1])
+        if not self.one_plus_w:
+            return super().forward(flat).view(x.shape)
+        # what nn.BatchNorm1d.forward does with its settings here (momentum 0.1, running statistics tracked)
+        if self.training:
+            self.num_batches_tracked.add_(1)
+        y = F.batch_norm(flat.float(), self.running_mean, self.running_var, gain_of(self), self.bias.float(),
+                         self.training, self.momentum, self.eps)
+        return y.to(x.dtype).view(x.shape)

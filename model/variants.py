@@ -2,12 +2,15 @@
 flags each sets. norm_variant() in model_minimind.py names a config the same way; the ablation runner and
 scripts/signal_propagation.py take these names."""
 
-from model.model_minimind import NORM_POSITIONS, NORM_TYPES
+from model.model_minimind import NORM_POSITIONS, NORM_TYPES, QKV_PLACEMENTS
 
 # A placement names the values of the fields that decide where the norms go; fields it leaves out keep these.
 PLACEMENT_DEFAULTS = {"norm_position": "pre", "norm_scaling": "none", "qk_norm": "none", "v_norm": "none",
-                      "attn_gate": "none", "attn_sinks": False}
-PLACEMENTS = {position: {"norm_position": position} for position in NORM_POSITIONS} | {
+                      "attn_gate": "none", "attn_sinks": False, "sub_norm": False, "embed_norm": "none",
+                      "norm_gain": "w"}
+QKV = {"qk_norm": "head", "v_norm": "head"}
+PLACEMENTS = {position: {"norm_position": position, **(QKV if position in QKV_PLACEMENTS else {})}
+              for position in NORM_POSITIONS} | {
     "pre+depth": {"norm_scaling": "depth"},  # LayerNorm Scaling ("The Curse of Depth")
     "mix+depth": {"norm_position": "mix", "norm_scaling": "depth"},
     "pre+qk_head": {"qk_norm": "head"},  # Qwen3
@@ -21,6 +24,13 @@ PLACEMENTS = {position: {"norm_position": position} for position in NORM_POSITIO
     "pre+gate": {"attn_gate": "elementwise"},
     "pre+gate_head": {"attn_gate": "headwise"},
     "pre+sinks": {"attn_sinks": True},  # GPT-OSS, DeepSeek-V4
+    "pre+sub": {"sub_norm": True},  # BitNet's Sub-LN
+    "pre+embed_scale": {"embed_norm": "scale"},
+    "pre+embed_norm": {"embed_norm": "norm"},  # BLOOM
+    "pre+one_plus_w": {"norm_gain": "one_plus_w"},
+    "peri+embed_scale+one_plus_w": {"norm_position": "peri", "embed_norm": "scale", "norm_gain": "one_plus_w"},  # Gemma 2
+    "peri+qk_head+embed_scale+one_plus_w": {"norm_position": "peri", "qk_norm": "head", "embed_norm": "scale",
+                                            "norm_gain": "one_plus_w"},  # Gemma 3
 }
 # "<placement>-<norm>" -> the trainer flags it sets. Names are looked up here, never split on "-".
 VARIANTS = {f"{placement}-{norm}": {**PLACEMENT_DEFAULTS, **fields, "norm": norm}

@@ -181,6 +181,9 @@ def convert(src: Path, dst: Path, outtype: str = "f32") -> str:
         raise UserError(f"{dst.parent}: no such directory for the output file")
     model_dir, _, hf_model = export_model(src)
     family = hf_model.config.model_type
+    if family not in ARCHITECTURES:
+        raise UserError(f"a {family} model has no GGUF export here (only {', '.join(ARCHITECTURES)}: llama.cpp's "
+                        "Gemma layout is not matched and checked); scripts/convert_to_hf.py exports it")
     if not (model_dir / "tokenizer.json").is_file():
         raise UserError(f"{model_dir}: has no tokenizer.json, and a GGUF file carries its tokenizer")
     tokenizer = load_tokenizer(model_dir)

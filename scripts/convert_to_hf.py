@@ -1,10 +1,13 @@
-"""Export a MiniMind checkpoint as a plain transformers model: Llama, Qwen3 or OLMo 2, picked from its config.
+"""Export a MiniMind checkpoint as a plain transformers model: Llama, Qwen3, OLMo 2, Gemma 2 or Gemma 3, picked from
+its config.
 
     python scripts/convert_to_hf.py out/pretrain out/hf
 
     pre     + RMSNorm (with or without gains) + no QK-norm  -> LlamaForCausalLM
     pre     + RMSNorm + --qk_norm head                      -> Qwen3ForCausalLM
     reorder + RMSNorm + --qk_norm proj                      -> Olmo2ForCausalLM
+    peri + RMSNorm + --norm_gain one_plus_w + --embed_norm scale  -> Gemma2ForCausalLM
+    the same + --qk_norm head                               -> Gemma3ForCausalLM (text)
 
 The module names already match, so the state dict is copied unchanged. Before reporting success the script
 loads the written directory with the plain transformers class and compares its logits with the MiniMind

@@ -90,9 +90,11 @@ def loglog_slope(xs, ys) -> float:
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
-def theory(results: list[dict], head_dim: int, mix_ln_fraction: float) -> list[tuple[str, str, str, bool]]:
+def theory(results: list[dict], head_dim: int, mix_ln_fraction: float,
+           hidden_size: int | None = None) -> list[tuple[str, str, str, bool]]:
     """(variant, what theory says, what was measured, whether they agree) for each variant that has a prediction
-    and was measured; the deepest depth is used for the within-model claims."""
+    and was measured; the deepest depth is used for the within-model claims (hidden_size: for the embedding
+    scale's, which is skipped without it)."""
     by = {(r["variant"], r["depth"]): r for r in results}
     depths = sorted({r["depth"] for r in results})
     deep = depths[-1]
@@ -150,6 +152,31 @@ def theory(results: list[dict], head_dim: int, mix_ln_fraction: float) -> list[t
         largest = max(v for r in qk for v in r["max_attn_logit"])
         checks.append(("pre+qk_head-rmsnorm", f"unit-gain QK-norm caps every logit at sqrt(head_dim) = "
                        f"{math.sqrt(head_dim):.2f}", f"largest logit {largest:.3f}", largest <= math.sqrt(head_dim) + 1e-3))
+    for variant, first in (("hybrid-rmsnorm", 1), ("hybrid_star-rmsnorm", 2)):
+        # N(x + Attn(x)) hands the MLP RMS 1; the MLP's update at init is small beside it
+        after = [v for d in depths if (variant, d) in by for v in by[variant, d]["residual_rms"][first:]]
+        if after:
+            checks.append((variant, f"Post-Norm around attention: blocks from {first} on receive RMS about 1, at "
+                           "every depth", f"RMS {min(after):.3f}..{max(after):.3f}",
+                           max(abs(v - 1) for v in after) < 0.05))
+    if ("pre+one_plus_w-rmsnorm", deep) in by and ("pre-rmsnorm", deep) in by:
+        same = all(by["pre+one_plus_w-rmsnorm", d][key] == by["pre-rmsnorm", d][key] for d in depths
+                   for key in ("loss", "residual_rms", "layer_grad_norm"))
+        checks.append(("pre+one_plus_w-rmsnorm", "w = 0 applied as 1 + w is pre's function at init, bit for bit",
+                       "loss, stream RMS and block gradients " + ("identical" if same else "differ"), same))
+    if ("pre+sub-rmsnorm", deep) in by and ("pre-rmsnorm", deep) in by:
+        sub, pre = by["pre+sub-rmsnorm", deep]["residual_rms"][-1], by["pre-rmsnorm", deep]["residual_rms"][-1]
+        checks.append(("pre+sub-rmsnorm", "sub-norms feed o_proj and down_proj unit-RMS inputs, so each sublayer "
+                       "writes a larger update than in pre and the stream grows faster",
+                       f"last-block RMS {sub:.3g} vs pre's {pre:.3g} at L={deep}", sub > pre))
+    if hidden_size and ("pre+embed_scale-rmsnorm", deep) in by and ("pre-rmsnorm", deep) in by:
+        ratio = by["pre+embed_scale-rmsnorm", deep]["residual_rms"][0] / by["pre-rmsnorm", deep]["residual_rms"][0]
+        checks.append(("pre+embed_scale-rmsnorm", f"x sqrt(d) multiplies the stream entering block 0 by "
+                       f"{math.sqrt(hidden_size):.2f}", f"{ratio:.2f} x pre's", abs(ratio / math.sqrt(hidden_size) - 1) < 1e-3))
+    if ("pre+embed_norm-rmsnorm", deep) in by:
+        first = by["pre+embed_norm-rmsnorm", deep]["residual_rms"][0]
+        checks.append(("pre+embed_norm-rmsnorm", "a unit-gain norm after the lookup: block 0 receives RMS 1 "
+                       "(less eps's share at RMS 0.02)", f"RMS {first:.3f}", abs(first - 1) < 0.05))
     if ("pre-none", deep) in by:
         cosine = by["pre-none", deep]["block_cosine"]
         checks.append(("pre-none", "without norms the 0.02-scale stream hardly moves: blocks act as identity",
@@ -176,17 +203,19 @@ def main(argv: list[str] | None = None) -> None:
           "norm of the first / last block's parameters; cos: cosine between a block's input and output; kurt max: "
           "largest excess kurtosis of the stream entering a block; tok0 / sink: attention probability on token 0 / "
           "on the sinks, mean over blocks")
-    head = f"{'variant':<22}{'L':>4}{'loss':>7}{'rms 0':>9}{'rms L-1':>9}{'grad 0':>10}{'grad L-1':>10}" \
+    width = max(22, *(len(v) + 2 for v in args.variants))
+    head = f"{'variant':<{width}}{'L':>4}{'loss':>7}{'rms 0':>9}{'rms L-1':>9}{'grad 0':>10}{'grad L-1':>10}" \
            f"{'cos min':>9}{'cos mean':>9}{'max logit':>10}{'kurt max':>9}{'tok0':>7}{'sink':>7}"
     print(head + "\n" + "-" * len(head))
     for r in results:
         rms, grad, cos = r["residual_rms"], r["layer_grad_norm"], r["block_cosine"]
         sink = f"{np.mean(r['attn_sink_share']):>7.3f}" if "attn_sink_share" in r else f"{'-':>7}"
-        print(f"{r['variant']:<22}{r['depth']:>4}{r['loss']:>7.3f}{rms[0]:>9.3g}{rms[-1]:>9.3g}{grad[0]:>10.3g}"
+        print(f"{r['variant']:<{width}}{r['depth']:>4}{r['loss']:>7.3f}{rms[0]:>9.3g}{rms[-1]:>9.3g}{grad[0]:>10.3g}"
               f"{grad[-1]:>10.3g}{min(cos):>9.3f}{np.mean(cos):>9.3f}{max(r['max_attn_logit']):>10.3g}"
               f"{max(r['excess_kurtosis']):>9.3g}{np.mean(r['attn_first_token']):>7.3f}{sink}")
 
-    checks = theory(results, args.hidden_size // args.num_attention_heads, model_args.mix_ln_fraction)
+    checks = theory(results, args.hidden_size // args.num_attention_heads, model_args.mix_ln_fraction,
+                    args.hidden_size)
     if checks:
         print("\ntheory vs measurement")
         for variant, claim, measured, agrees in checks:

@@ -11,7 +11,7 @@ import torch
 
 from common.cli import UserError
 from data import load_tokenizer, prepare_split
-from model import NORM_POSITIONS, NORM_TYPES, norm_variant
+from model import NORM_POSITIONS, NORM_TYPES, PLACEMENT_DEFAULTS, norm_variant
 from scripts import run_ablation
 from trainer import args as trainer_args
 from trainer.args import build_parser
@@ -32,15 +32,18 @@ def study(tmp_path, tiny_flags, monkeypatch):
 
 
 def test_variants_are_looked_up_not_split():
-    assert run_ablation.VARIANTS["pre-rmsnorm"] == {"norm_position": "pre", "norm_scaling": "none",
-                                                    "qk_norm": "none", "v_norm": "none", "attn_gate": "none",
-                                                    "attn_sinks": False, "norm": "rmsnorm"}
-    assert run_ablation.VARIANTS["reorder+qk_proj-rmsnorm_noparam"] == {
+    assert run_ablation.VARIANTS["pre-rmsnorm"] == {**PLACEMENT_DEFAULTS, "norm_position": "pre", "norm_scaling": "none",
+                                                    "qk_norm": "none", "v_norm": "none", "norm": "rmsnorm"}
+    assert run_ablation.VARIANTS["reorder+qk_proj-rmsnorm_noparam"] == {**PLACEMENT_DEFAULTS,
         "norm_position": "reorder", "norm_scaling": "none", "qk_norm": "proj", "v_norm": "none",
-        "attn_gate": "none", "attn_sinks": False, "norm": "rmsnorm_noparam"}
-    assert run_ablation.VARIANTS["peri+qkv-ssnorm"] == {
-        "norm_position": "peri", "norm_scaling": "none", "qk_norm": "head", "v_norm": "head", "attn_gate": "none",
-        "attn_sinks": False, "norm": "ssnorm"}
+        "norm": "rmsnorm_noparam"}
+    assert run_ablation.VARIANTS["peri+qkv-ssnorm"] == {**PLACEMENT_DEFAULTS,
+        "norm_position": "peri", "norm_scaling": "none", "qk_norm": "head", "v_norm": "head", "norm": "ssnorm"}
+    assert run_ablation.VARIANTS["hybrid-rmsnorm"] == {**PLACEMENT_DEFAULTS, "norm_position": "hybrid",
+                                                       "qk_norm": "head", "v_norm": "head", "norm": "rmsnorm"}
+    assert run_ablation.VARIANTS["peri+embed_scale+one_plus_w-rmsnorm"] == {**PLACEMENT_DEFAULTS,
+        "norm_position": "peri", "embed_norm": "scale", "norm_gain": "one_plus_w", "norm": "rmsnorm"}
+    assert run_ablation.VARIANTS["pre+sub-layernorm"]["sub_norm"] is True
     assert run_ablation.VARIANTS["pre+gate-rmsnorm"]["attn_gate"] == "elementwise"
     assert run_ablation.VARIANTS["pre+sinks-rmsnorm"]["attn_sinks"] is True
     assert run_ablation.VARIANTS["mix+depth-dyt"]["norm_scaling"] == "depth"
@@ -73,8 +76,10 @@ def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkey
 def test_variant_names_are_the_models_own_names_for_them(tiny_tokenizer):
     """Each variant's flags build a model that calls itself by the variant's name (model.norm_variant)."""
     for name, fields in run_ablation.VARIANTS.items():
-        if (fields["qk_norm"], fields["v_norm"]) != ("none", "none") and fields["norm"] == "none":
-            continue  # QK-/V-norm needs a norm type; the trainer refuses this pair (next test)
+        adds_norms = (fields["qk_norm"], fields["v_norm"]) != ("none", "none") or fields["sub_norm"] \
+            or fields["embed_norm"] == "norm"
+        if adds_norms and fields["norm"] == "none" or fields["norm_gain"] != "w" and not NORM_TYPES[fields["norm"]].gain:
+            continue  # norms of no type, a (1 + w) gain on a norm with no gain: the trainer refuses these (next test)
         args = build_parser().parse_args([])
         vars(args).update(fields)
         assert norm_variant(model_config(args, tiny_tokenizer, torch.device("cpu"))) == name
@@ -93,6 +98,10 @@ def test_placement_flags_reach_the_config_and_bad_pairs_name_the_flags(tiny_toke
     for flags, named in ((["--norm_position", "post", "--norm_scaling", "depth"], ("--norm_scaling", "--norm_position")),
                          (["--qk_norm", "head", "--norm", "none"], ("--qk_norm",)),
                          (["--v_norm", "head", "--norm", "none"], ("--v_norm",)),
+                         (["--norm_position", "hybrid"], ("--norm_position", "--qk_norm", "--v_norm")),
+                         (["--sub_norm", "--norm", "none"], ("--sub_norm",)),
+                         (["--embed_norm", "norm", "--norm", "none"], ("--embed_norm",)),
+                         (["--norm_gain", "one_plus_w", "--norm", "rmsnorm_noparam"], ("--norm_gain", "--norm")),
                          (["--mix_ln_fraction", "1.5"], ("--mix_ln_fraction",))):
         with pytest.raises(UserError) as err:
             model_config(build_parser().parse_args(flags), tiny_tokenizer, torch.device("cpu"))

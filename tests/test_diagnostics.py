@@ -9,7 +9,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from model import NORM_POSITIONS, QK_NORMS, MiniMindConfig, MiniMindForCausalLM
-from model.model_minimind import Attention, RotaryEmbedding, apply_rotary
+from model.model_minimind import QKV_PLACEMENTS, Attention, RotaryEmbedding, apply_rotary
 from trainer.args import parse_args
 from trainer.diagnostics import block_cosine, layer_stats, massive_activation_ratio, max_attention_logit, rms
 from trainer.tracking import read_metrics
@@ -107,15 +107,15 @@ def test_layer_stats_leave_batchnorm_running_statistics_alone():
     assert not all(torch.equal(b, before[name]) for name, b in model.named_buffers())
 
 
-@pytest.mark.parametrize("qk_norm", QK_NORMS)
-@pytest.mark.parametrize("position", NORM_POSITIONS)
+@pytest.mark.parametrize("position,qk_norm", [(p, q) for p in NORM_POSITIONS for q in QK_NORMS
+                                              if p not in QKV_PLACEMENTS or q == "head"])  # HybridNorm needs head
 def test_layer_stats_read_what_attention_sees_in_every_placement(position, qk_norm):
     """The hook must see the attention's real input: the block input itself where the placement has no norm
     before attention (post, reorder, deepnorm, Mix-LN's Post blocks), else that norm's output (times LayerNorm
     Scaling's factor). With unit-gain per-head QK-norm every logit is at most sqrt(head_dim)."""
     scaling = "depth" if position in ("pre", "mix") else "none"
     model = tiny_model(norm_position=position, qk_norm=qk_norm, norm_scaling=scaling, mix_ln_fraction=0.5,
-                       num_hidden_layers=4)
+                       num_hidden_layers=4, v_norm="head" if position in QKV_PLACEMENTS else "none")
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(2))
     stats = layer_stats(model, ids)
     with torch.no_grad():

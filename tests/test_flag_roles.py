@@ -44,6 +44,7 @@ def test_model_config_sets_every_architecture_flag(tmp_path, tiny_tokenizer):
                        "--num_attention_heads", "4", "--num_key_value_heads", "1", "--norm", "dyt",
                        "--norm_position", "mix", "--mix_ln_fraction", "0.5", "--norm_scaling", "depth",
                        "--qk_norm", "head", "--v_norm", "head", "--attn_gate", "headwise", "--attn_sinks",
+                       "--sub_norm", "--embed_norm", "norm", "--norm_gain", "one_plus_w",
                        "--dyt_alpha_init", "0.3", "--dyt_alpha_init_attn", "0.8",
                        "--dyt_alpha_init_mlp", "0.2", "--dyt_alpha_init_final", "0.1"])
     config = model_config(args, tiny_tokenizer, torch.device("cpu"))

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from model import NORM_POSITIONS, NORM_TYPES, MiniMindConfig, MiniMindForCausalLM, count_norms
-from model.model_minimind import RMSNorm
+from model.model_minimind import QKV_PLACEMENTS, RMSNorm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,8 @@ def test_bad_config_names_field_and_allowed_values(field, value, allowed):
 
 @pytest.mark.parametrize("norm_position", NORM_POSITIONS)
 def test_causality(norm_position):
-    model = tiny_model(norm_position=norm_position)
+    qkv = {"qk_norm": "head", "v_norm": "head"} if norm_position in QKV_PLACEMENTS else {}  # HybridNorm needs them
+    model = tiny_model(norm_position=norm_position, **qkv)
     x = torch.randint(0, 300, (2, 16))
     changed = x.clone()
     changed[:, 9] = (changed[:, 9] + 1) % 300

@@ -12,11 +12,19 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, LlamaForCausalLM, Olmo2ForCausalLM, Qwen3ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    LlamaForCausalLM,
+    Olmo2ForCausalLM,
+    Qwen3ForCausalLM,
+)
 
 import model.model_minimind as mm
 from common.cli import UserError
 from model import NORM_POSITIONS, NORM_TYPES, QK_NORMS, MiniMindConfig, MiniMindForCausalLM, count_norms
+from model.model_minimind import QKV_PLACEMENTS
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERT = str(REPO / "scripts" / "convert_to_hf.py")
@@ -33,6 +41,12 @@ def tiny_model(seed=0, perturb=True, **overrides):
             for name, p in model.named_parameters():
                 p.add_(torch.randn_like(p) * (0.2 if "norm" in name else 0.01))
     return model
+
+
+def placed(position, **overrides):
+    """Config fields for a placement; HybridNorm's placements come with the QKV-norm they require."""
+    qkv = {"qk_norm": "head", "v_norm": "head"} if position in QKV_PLACEMENTS else {}
+    return {"norm_position": position, **overrides, **qkv}
 
 
 def ids(batch=2, seq=12, seed=1):
@@ -56,13 +70,15 @@ def test_docstring_table_lists_every_placement():
 @pytest.mark.parametrize("norm_type", sorted(NORM_TYPES))
 @pytest.mark.parametrize("position", NORM_POSITIONS)
 def test_norm_count(position, norm_type, qk_norm):
-    if qk_norm != "none" and norm_type == "none":
-        with pytest.raises(ValueError, match="qk_norm"):
-            MiniMindConfig(**TINY, norm_type=norm_type, qk_norm=qk_norm)
+    hybrid = {"v_norm": "head"} if position in QKV_PLACEMENTS else {}  # the docstring counts its q/k/v norms
+    if (qk_norm != "none" or hybrid) and norm_type == "none" or hybrid and qk_norm != "head":
+        with pytest.raises(ValueError, match="qk_norm|v_norm"):
+            MiniMindConfig(**TINY, norm_position=position, norm_type=norm_type, qk_norm=qk_norm, **hybrid)
         return
     model = MiniMindForCausalLM(MiniMindConfig(**{**TINY, "num_hidden_layers": 8}, norm_position=position,
-                                               norm_type=norm_type, qk_norm=qk_norm))
-    expected = 0 if norm_type == "none" else docstring_counts()[position] + (16 if qk_norm != "none" else 0)
+                                               norm_type=norm_type, qk_norm=qk_norm, **hybrid))
+    expected = 0 if norm_type == "none" else docstring_counts()[position] + (16 if qk_norm != "none" and not hybrid
+                                                                             else 0)
     assert count_norms(model) == expected
 
 
@@ -101,26 +117,39 @@ def ref_rope(x, theta=1e6):
     return x * cos + rotated * sin
 
 
+def ref_norm(h, w, name, cfg):
+    """RMSNorm with the gain stored under name: w as stored, or 1 + w for norm_gain='one_plus_w'."""
+    gain = w[name + ".weight"]
+    return ref_rmsnorm(h, 1 + gain if cfg.norm_gain == "one_plus_w" else gain)
+
+
 def ref_attention(x, w, prefix, cfg):
     b, t, _ = x.shape
     H, K, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q, k, v = (x @ w[f"{prefix}.{n}_proj.weight"].T for n in "qkv")
     if cfg.qk_norm == "proj":
-        q, k = ref_rmsnorm(q, w[f"{prefix}.q_norm.weight"]), ref_rmsnorm(k, w[f"{prefix}.k_norm.weight"])
+        q, k = ref_norm(q, w, f"{prefix}.q_norm", cfg), ref_norm(k, w, f"{prefix}.k_norm", cfg)
     q, k, v = q.view(b, t, H, D), k.view(b, t, K, D), v.view(b, t, K, D)
     if cfg.qk_norm == "head":
-        q, k = ref_rmsnorm(q, w[f"{prefix}.q_norm.weight"]), ref_rmsnorm(k, w[f"{prefix}.k_norm.weight"])
+        q, k = ref_norm(q, w, f"{prefix}.q_norm", cfg), ref_norm(k, w, f"{prefix}.k_norm", cfg)
+    if cfg.v_norm == "head":
+        v = ref_norm(v, w, f"{prefix}.v_norm", cfg)
     q, k = ref_rope(q.transpose(1, 2)), ref_rope(k.transpose(1, 2))
     k, v = k.repeat_interleave(H // K, 1), v.transpose(1, 2).repeat_interleave(H // K, 1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(D)
     scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
     out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, H * D)
+    if cfg.sub_norm:  # Sub-LN: the concatenated heads normalized before o_proj
+        out = ref_norm(out, w, f"{prefix}.attn_sub_norm", cfg)
     return out @ w[f"{prefix}.o_proj.weight"].T
 
 
-def ref_mlp(x, w, prefix):
+def ref_mlp(x, w, prefix, cfg):
     gate, up = x @ w[f"{prefix}.gate_proj.weight"].T, x @ w[f"{prefix}.up_proj.weight"].T
-    return (F.silu(gate) * up) @ w[f"{prefix}.down_proj.weight"].T
+    h = F.silu(gate) * up
+    if cfg.sub_norm:  # Sub-LN: the SwiGLU product normalized before down_proj
+        h = ref_norm(h, w, f"{prefix}.ffn_sub_norm", cfg)
+    return h @ w[f"{prefix}.down_proj.weight"].T
 
 
 def ref_forward(model, input_ids):
@@ -128,21 +157,27 @@ def ref_forward(model, input_ids):
     cfg, w = model.config, model.state_dict()
     L = cfg.num_hidden_layers
     x = w["model.embed_tokens.weight"][input_ids]
+    if cfg.embed_norm == "scale":  # Gemma
+        x = x * math.sqrt(cfg.hidden_size)
+    elif cfg.embed_norm == "norm":  # BLOOM
+        x = ref_norm(x, w, "model.word_embeddings_layernorm", cfg)
     for i in range(L):
         p = f"model.layers.{i}."
 
         def N(name, h, p=p):
-            return ref_rmsnorm(h, w[p + name + ".weight"])
+            return ref_norm(h, w, p + name, cfg)
 
         def A(h, p=p):
             return ref_attention(h, w, p + "self_attn", cfg)
 
         def M(h, p=p):
-            return ref_mlp(h, w, p + "mlp")
+            return ref_mlp(h, w, p + "mlp", cfg)
 
         position = cfg.norm_position
         if position == "mix":
             position = "post" if i < math.floor(cfg.mix_ln_fraction * L) else "pre"
+        if position == "hybrid_star":  # HybridNorm*: a Pre-Norm first block
+            position = "pre" if i == 0 else "hybrid"
         s = 1 / math.sqrt(i + 1) if cfg.norm_scaling == "depth" else 1.0
         if position == "pre":  # x + F(N(x))
             x = x + A(N("input_layernorm", x) * s)
@@ -160,17 +195,24 @@ def ref_forward(model, input_ids):
             alpha = (2 * L) ** 0.25
             x = N("post_attention_layernorm", alpha * x + A(x))
             x = N("post_feedforward_layernorm", alpha * x + M(x))
+        elif position == "hybrid":  # N(x + Attn(x)) with q, k, v normalized in Attn, then h + FFN(h)
+            x = N("post_attention_layernorm", x + A(x))
+            x = x + M(x)
     if cfg.norm_position not in ("post", "deepnorm"):
-        x = ref_rmsnorm(x, w["model.norm.weight"])
+        x = N("model.norm", x, p="")
     return x @ w["lm_head.weight"].T
 
 
 @pytest.mark.parametrize("overrides", [
-    *({"norm_position": p} for p in NORM_POSITIONS),
+    *(placed(p) for p in NORM_POSITIONS),
     {"norm_position": "mix", "mix_ln_fraction": 0.5},
     {"norm_scaling": "depth"}, {"norm_position": "mix", "norm_scaling": "depth"},
     {"qk_norm": "head"}, {"qk_norm": "proj"}, {"norm_position": "reorder", "qk_norm": "proj"},
     {"norm_position": "peri", "qk_norm": "head"},
+    {"qk_norm": "head", "v_norm": "head"}, placed("hybrid", sub_norm=True), {"sub_norm": True},
+    {"norm_position": "post", "sub_norm": True}, {"embed_norm": "scale"}, {"embed_norm": "norm"},
+    placed("hybrid_star", norm_gain="one_plus_w", embed_norm="norm"),
+    {"norm_position": "peri", "qk_norm": "head", "embed_norm": "scale", "norm_gain": "one_plus_w"},
 ], ids=lambda o: "-".join(f"{v}" for v in o.values()))
 def test_logits_match_reference_forward(overrides):
     model = tiny_model(**overrides)
@@ -339,7 +381,7 @@ def test_kv_cache_matches_full_forward(position):
 
 @pytest.mark.parametrize("position", NORM_POSITIONS)
 def test_bf16_autocast_forward_backward(position):
-    model = tiny_model(norm_position=position, qk_norm="proj").train()
+    model = tiny_model(**placed(position, qk_norm="proj")).train()
     x = ids(seq=16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(x[:, :-1], shift_labels=x[:, 1:])
@@ -385,7 +427,10 @@ def load_converter():
 
 @pytest.mark.parametrize("overrides,cls", [
     ({}, LlamaForCausalLM), ({"norm_type": "rmsnorm_noparam"}, LlamaForCausalLM),
-    ({"qk_norm": "head"}, Qwen3ForCausalLM), ({"norm_position": "reorder", "qk_norm": "proj"}, Olmo2ForCausalLM)])
+    ({"qk_norm": "head"}, Qwen3ForCausalLM), ({"norm_position": "reorder", "qk_norm": "proj"}, Olmo2ForCausalLM),
+    ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale"}, Gemma2ForCausalLM),
+    ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale", "qk_norm": "head"},
+     Gemma3ForCausalLM)])
 def test_export_gives_the_same_logits(tmp_path, overrides, cls):
     model = tiny_model(**overrides)
     model.save_pretrained(tmp_path / "src")
@@ -430,7 +475,7 @@ def test_export_refusal_is_one_line_on_the_command_line(tmp_path):
 def test_v_norm_adds_one_norm_per_block(position):
     model = MiniMindForCausalLM(MiniMindConfig(**{**TINY, "num_hidden_layers": 8}, norm_position=position,
                                                qk_norm="head", v_norm="head"))
-    assert count_norms(model) == docstring_counts()[position] + 16 + 8
+    assert count_norms(model) == docstring_counts()[position] + (0 if position in QKV_PLACEMENTS else 16 + 8)
     assert "model.layers.3.self_attn.v_norm.weight" in model.state_dict()
 
 

@@ -86,3 +86,20 @@ def test_bad_flags_are_one_line_errors():
         signal_propagation.parse_args(["--depths", "4", "-1"])
     with pytest.raises(UserError, match="--seq_len must be a positive integer"):
         signal_propagation.parse_args(["--seq_len", "0"])
+
+
+def test_theory_checks_for_hybrid_sub_norm_embedding_and_gain():
+    def run(rms: dict) -> dict:
+        results = [{**synthetic(variant, 8, rms=values), "loss": 1.0} for variant, values in rms.items()]
+        return {variant: agrees for variant, _, _, agrees in signal_propagation.theory(results, 16, 0.25, 64)}
+
+    new = ["hybrid-rmsnorm", "hybrid_star-rmsnorm", "pre+one_plus_w-rmsnorm", "pre+sub-rmsnorm",
+           "pre+embed_scale-rmsnorm", "pre+embed_norm-rmsnorm"]
+    pre = [0.02] + [0.05] * 7
+    good = run(dict(zip(["pre-rmsnorm", *new], [pre, [0.02] + [1.0] * 7, [0.02, 0.08] + [1.0] * 6, pre,
+                                                [0.02] + [0.9] * 7, [0.16] + [0.2] * 7, [0.99] * 8], strict=True)))
+    bad = run(dict(zip(["pre-rmsnorm", *new], [pre, [0.02] + [1.3] * 7, [0.02, 0.08] + [0.5] * 6,
+                                               [0.02] + [0.06] * 7, [0.02] + [0.04] * 7, [0.02] * 8, [0.5] * 8],
+                       strict=True)))
+    assert [good[v] for v in new] == [True] * 6
+    assert [bad[v] for v in new] == [False] * 6

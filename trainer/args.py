@@ -5,7 +5,16 @@ import os
 from pathlib import Path
 
 from common.cli import ArgumentParser, UserError, require_positive
-from model import ATTN_GATES, NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS, V_NORMS
+from model import (
+    ATTN_GATES,
+    EMBED_NORMS,
+    NORM_GAINS,
+    NORM_POSITIONS,
+    NORM_SCALINGS,
+    NORM_TYPES,
+    QK_NORMS,
+    V_NORMS,
+)
 from trainer.checkpoint import find_checkpoints
 from trainer.device import pick_device
 
@@ -64,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "N(x + F(x)) (2017 Transformer); peri: x + N(F(N(x))), final norm (Peri-LN, Gemma 2 "
                             "sandwich); reorder: x + N(F(x)), final norm (OLMo 2); deepnorm: N(a*x + F(x)) with "
                             "a = (2L)^(1/4) and init scaled by (8L)^(-1/4) (DeepNet); mix: the first "
-                            "--mix_ln_fraction of the blocks post, the rest pre, final norm (Mix-LN)")
+                            "--mix_ln_fraction of the blocks post, the rest pre, final norm (Mix-LN); hybrid: "
+                            "N(x + Attn(x)) with q, k, v normalized per head, then h + FFN(h) with no norm, final "
+                            "norm (HybridNorm; needs --qk_norm head --v_norm head); hybrid_star: block 0 pre, the "
+                            "rest hybrid (HybridNorm*)")
     model.add_argument("--mix_ln_fraction", type=float, default=0.25,
                        help="with --norm_position mix: share of the blocks, counted from the input, that are "
                             "Post-Norm (floor(fraction * layers) of them)")
@@ -86,6 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--attn_sinks", action="store_true",
                        help="give each head a learnable sink logit (self_attn.sinks, init 0) that joins its "
                             "softmax, so a head can attend to nothing (GPT-OSS, DeepSeek-V4)")
+    model.add_argument("--sub_norm", action="store_true",
+                       help="add norms inside the sublayers: on the concatenated heads before o_proj "
+                            "(self_attn.attn_sub_norm) and on the SwiGLU product before down_proj (mlp.ffn_sub_norm), "
+                            "as BitNet's Sub-LN")
+    model.add_argument("--embed_norm", default="none", choices=EMBED_NORMS,
+                       help="what the blocks get from the embedding lookup. scale: times sqrt(hidden_size) (Gemma); "
+                            "norm: a --norm norm right after the lookup (model.word_embeddings_layernorm, BLOOM)")
+    model.add_argument("--norm_gain", default="w", choices=NORM_GAINS,
+                       help="how every norm gain is stored. w: as is, initialized to 1; one_plus_w: as w, initialized "
+                            "to 0 and applied as 1 + w in float32 (Gemma 2/3), so --norm_weight_decay pulls the gain "
+                            "toward 1 instead of 0")
     model.add_argument("--dyt_alpha_init", type=float, default=0.5,
                        help="with --norm dyt: initial alpha of tanh(alpha * x) in every norm not set below, "
                             "QK-norms included (0.5 is the DyT paper's default for non-LLM models)")
@@ -111,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--weight_decay", type=float, default=0.1,
                      help="AdamW weight decay on weight matrices (never on norms, biases, embeddings)")
     opt.add_argument("--norm_weight_decay", action="store_true",
-                     help="also apply --weight_decay to norm gains (pulls a gain toward 0; default off)")
+                     help="also apply --weight_decay to norm gains (pulls a gain toward 0, or toward 1 with --norm_gain "
+                          "one_plus_w; default off)")
     opt.add_argument("--grad_clip", type=float, default=1.0, help="clip the global gradient norm (0 = off)")
 
     run = p.add_argument_group("run")
@@ -165,7 +189,7 @@ FLAG_ROLES = {
     "data_path": DATA, "text_field": DATA, "tokenizer_path": DATA, "streaming": ADJUSTABLE, "max_seq_len": FIXED,
     "hidden_size": ARCH, "num_hidden_layers": ARCH, "num_attention_heads": ARCH, "num_key_value_heads": ARCH,
     "norm": ARCH, "norm_position": ARCH, "mix_ln_fraction": ARCH, "norm_scaling": ARCH, "qk_norm": ARCH,
-    "v_norm": ARCH, "attn_gate": ARCH, "attn_sinks": ARCH,
+    "v_norm": ARCH, "attn_gate": ARCH, "attn_sinks": ARCH, "sub_norm": ARCH, "embed_norm": ARCH, "norm_gain": ARCH,
     "dyt_alpha_init": ARCH, "dyt_alpha_init_attn": ARCH, "dyt_alpha_init_mlp": ARCH, "dyt_alpha_init_final": ARCH,
     "max_steps": ADJUSTABLE, "batch_size": FIXED, "accumulation_steps": FIXED, "learning_rate": ADJUSTABLE,
     "min_lr": ADJUSTABLE, "lr_decay_steps": ADJUSTABLE, "warmup_steps": ADJUSTABLE, "weight_decay": FIXED,
