@@ -1,6 +1,7 @@
 """Every training flag: its default, check and role, in one place (the trainer and the ablation runner share it)."""
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -201,6 +202,14 @@ POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "num
             "num_attention_heads", "num_key_value_heads", "log_interval", "eval_interval", "eval_steps",
             "save_interval", "keep_checkpoints", "diag_interval", "hidden_size", "lr_decay_steps", "num_proc")  # the last three may be unset
 NON_NEGATIVE = ("min_lr", "warmup_steps", "weight_decay", "grad_clip")
+# Floats that must be > 0 (every float flag must be finite besides: NaN passes any "< 0" test, and inf passes
+# "> 0" only to turn every weight into NaN at the first update). DyT's alpha 0 would make each norm output zero.
+POSITIVE_FLOATS = ("learning_rate", "dist_timeout", "dyt_alpha_init", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
+                   "dyt_alpha_init_final")
+
+
+def float_flags(parser: argparse.ArgumentParser) -> list[str]:
+    return [action.dest for action in parser._actions if action.type is float]
 
 
 def fill_device_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -218,13 +227,15 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     """Reject bad values with one line naming the flag, before anything is loaded or written."""
     fill_device_defaults(args)
     require_positive(args, POSITIVE)
+    for name in float_flags(build_parser()):
+        if getattr(args, name) is not None and not math.isfinite(getattr(args, name)):
+            raise UserError(f"--{name} must be a finite number, got {getattr(args, name)}")
     for name in NON_NEGATIVE:
         if getattr(args, name) < 0:
             raise UserError(f"--{name} must be >= 0, got {getattr(args, name)}")
-    if not args.dist_timeout > 0:
-        raise UserError(f"--dist_timeout must be > 0 minutes, got {args.dist_timeout}")
-    if not args.learning_rate > 0:
-        raise UserError(f"--learning_rate must be > 0, got {args.learning_rate}")
+    for name in POSITIVE_FLOATS:
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
+            raise UserError(f"--{name} must be > 0, got {getattr(args, name)}")
     out = Path(args.out_dir)
     parent = next(p for p in (out, *out.parents) if p.exists())
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):

@@ -1,0 +1,148 @@
+"""Runs that go wrong in ways the trainer must recognise: a loss that blows up or collapses with finite numbers,
+flags that are not finite, an update that leaves non-finite weights. Each ends in one line saying what is true
+and what to run next; nothing bad is saved."""
+
+import json
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+import trainer.train_pretrain as tp
+from common.cli import UserError
+from trainer.args import build_parser, float_flags, parse_args
+from trainer.checkpoint import find_checkpoints
+from trainer.tracking import read_metrics
+
+QUIET = ["--log_interval", 1, "--eval_interval", 4, "--eval_steps", 1, "--warmup_steps", 0]
+
+
+@pytest.fixture
+def flags(tmp_path, monkeypatch, tiny_flags):
+    """flags(*more, out=name): the tiny model's command line into tmp_path/name."""
+    monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
+
+    def make(*more, out: str = "run"):
+        return [*tiny_flags, *map(str, QUIET), "--out_dir", str(tmp_path / out), *map(str, more)]
+    return make
+
+
+def refusal(argv) -> str:
+    with pytest.raises(UserError) as err:
+        tp.main(argv)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+# --- divergence without a NaN ---------------------------------------------------------------------------
+
+
+def test_a_loss_that_blows_up_with_finite_numbers_is_a_divergence(flags, tmp_path):
+    """--learning_rate 50 without clipping: the loss climbs to thousands of nats, every number finite."""
+    argv = flags("--learning_rate", 50, "--grad_clip", 0, "--max_steps", 40, "--save_interval", 40)
+    summary = tp.train(parse_args(argv))
+    assert summary["diverged"] and "blew up" in summary["divergence"]
+    assert summary["step"] < 40 and not find_checkpoints(summary["out_dir"])  # nothing blown up was saved
+    losses = [r["loss"] for r in read_metrics(f"{summary['out_dir']}/metrics.jsonl")]
+    assert all(math.isfinite(x) for x in losses) and max(losses) > 2 * math.log(400)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["diverged"]  # what the ablation runner reads
+
+
+def test_blow_up_fires_on_neither_a_healthy_run_nor_its_first_steps(trained_run):
+    """Replayed through blow_up, every loss the shared 40-step run logged (its first step starts near ln V) is
+    healthy; a loss far above ln V, or one back at exactly ln V after the run had learned, is not."""
+    vocab_size = json.loads((trained_run / "checkpoint" / "config.json").read_text())["vocab_size"]
+    uniform, lowest = math.log(vocab_size), math.inf
+    records = read_metrics(trained_run / "metrics.jsonl")
+    assert abs(records[0]["loss"] - uniform) < 0.5 and min(r["loss"] for r in records) < uniform - 1
+    for r in records:
+        assert tp.blow_up(r["loss"], "training" if r["split"] == "train" else "validation", r["step"], lowest,
+                          vocab_size) is None
+        lowest = min(lowest, r["loss"])
+    assert "blew up" in tp.blow_up(2.01 * uniform, "training", 50, lowest, vocab_size)
+    assert "collapsed" in tp.blow_up(uniform + 1e-4, "validation", 50, lowest, vocab_size)
+    # the same value before the run learned anything is its starting point, not a collapse
+    assert tp.blow_up(uniform + 1e-4, "validation", 1, uniform, vocab_size) is None
+
+
+# --- flags that are not finite --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("flag", float_flags(build_parser()))
+def test_every_float_flag_must_be_finite(flag, value, tmp_path):
+    with pytest.raises(UserError, match=f"^--{flag} must be a finite number, got"):
+        parse_args(["--out_dir", str(tmp_path / "run"), f"--{flag}={value}"])
+
+
+@pytest.mark.parametrize("flag", ["dyt_alpha_init", "dyt_alpha_init_mlp", "learning_rate"])
+def test_positive_float_flags(flag, tmp_path):
+    with pytest.raises(UserError, match=f"^--{flag} must be > 0, got 0.0"):
+        parse_args(["--out_dir", str(tmp_path / "run"), f"--{flag}", "0"])
+
+
+# --- an update that leaves non-finite weights -----------------------------------------------------------
+
+
+def test_an_update_that_made_weights_non_finite_is_never_saved(flags, monkeypatch, tmp_path):
+    """The update of step 4 turns a weight into NaN from finite gradients (as --learning_rate 1e38 can); the loss
+    would show it only at step 5, but step 4 saves: the weights are checked first, and the run stops at step 3
+    with the checkpoint of step 2."""
+    calls, step_unless = [], tp.step_unless
+
+    def poisoning_step(optimizer, skip):
+        step_unless(optimizer, skip)
+        calls.append(1)
+        if len(calls) == 4:
+            with torch.no_grad():
+                optimizer.param_groups[0]["params"][0].view(-1)[0] = math.nan
+    monkeypatch.setattr(tp, "step_unless", poisoning_step)
+    argv = flags("--max_steps", 6, "--save_interval", 2)
+    message = refusal(argv)
+    assert message.startswith("the loss, gradient or weights became non-finite at step 4;")
+    assert "last checkpoint (step-000002) is kept" in message and "--resume" in message
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["diverged"] and summary["step"] == 3
+    assert [p.name for p in find_checkpoints(summary["out_dir"])] == ["step-000002"]
+
+    monkeypatch.setattr(tp, "step_unless", step_unless)  # what the message says to run works
+    assert not tp.train(parse_args([*argv, "--resume", "--learning_rate", "1e-3"]))["diverged"]
+
+
+# --- what the line says to run --------------------------------------------------------------------------
+
+
+def test_a_divergence_before_the_first_checkpoint_says_so_and_overwrite_starts_over(flags):
+    argv = flags("--learning_rate", 50, "--grad_clip", 0, "--max_steps", 40, "--save_interval", 40)
+    message = refusal(argv)
+    assert "before the run saved any checkpoint" in message and "--overwrite" in message
+    assert "is kept" not in message and "--resume" not in message
+    summary = tp.train(parse_args([*argv, "--overwrite", "--learning_rate", "1e-3", "--max_steps", "4"]))
+    assert not summary["diverged"] and summary["step"] == 4
+
+
+# --- an interrupted window ------------------------------------------------------------------------------
+
+
+def test_the_first_record_after_a_stop_mid_window_is_that_of_the_uninterrupted_run(flags, monkeypatch, tmp_path):
+    """SIGTERM at step 6 of a window of 4 (steps 5-8): the checkpoint carries the window's loss so far, and the
+    resumed run's record at step 8 averages the same four losses, to the bit."""
+    schedule = ("--log_interval", 4, "--eval_interval", 8, "--save_interval", 8, "--max_steps", 8)
+    tp.train(parse_args(flags(*schedule, out="reference")))
+    lr_at = tp.lr_at
+
+    def interrupting(step, *rest):
+        if step == 5:  # while step 6 runs
+            os.kill(os.getpid(), signal.SIGTERM)
+        return lr_at(step, *rest)
+    monkeypatch.setattr(tp, "lr_at", interrupting)
+    stopped = tp.train(parse_args(flags(*schedule)))
+    assert stopped["interrupted"] and stopped["step"] == 6
+    monkeypatch.setattr(tp, "lr_at", lr_at)
+    tp.train(parse_args(flags(*schedule, "--resume")))
+
+    def records(name):
+        return [(r["step"], r["split"], r["loss"]) for r in read_metrics(tmp_path / name / "metrics.jsonl")]
+    assert records("run") == records("reference") and len(records("run")) == 3
