@@ -146,3 +146,32 @@ def test_the_first_record_after_a_stop_mid_window_is_that_of_the_uninterrupted_r
     def records(name):
         return [(r["step"], r["split"], r["loss"]) for r in read_metrics(tmp_path / name / "metrics.jsonl")]
     assert records("run") == records("reference") and len(records("run")) == 3
+
+
+# --- a run directory in a state the trainer did not leave -----------------------------------------------
+
+
+@pytest.mark.parametrize("name", [".lock", "metrics.jsonl", "summary.json"])
+def test_a_directory_where_the_trainer_keeps_a_file_is_one_line(name, flags, tmp_path):
+    (tmp_path / "run" / name).mkdir(parents=True)
+    with pytest.raises(UserError, match=f"{name} is a directory, where the trainer keeps its {name} file"):
+        tp.train(parse_args(flags("--max_steps", 2)))
+    assert [p.name for p in (tmp_path / "run").iterdir()] == [name]  # nothing written, nothing removed
+
+
+def test_a_kill_during_the_first_save_leaves_advice_that_leads_somewhere(flags, tmp_path):
+    """What SIGKILL during the first checkpoint leaves: the metrics logged so far and a half-written step folder
+    under its hidden name, no checkpoint. --resume and a fresh run both point to --overwrite, which works."""
+    out = tmp_path / "run"
+    partial = out / ".step-000002.partial-12345"
+    partial.mkdir(parents=True)
+    (partial / "config.json").write_text("{")
+    (out / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 6.0}\n')
+    for extra in (["--resume"], []):
+        with pytest.raises(UserError) as err:
+            tp.train(parse_args(flags("--max_steps", 2, *extra)))
+        assert "saved no checkpoint (metrics.jsonl)" in str(err.value) and "pass --overwrite" in str(err.value)
+        assert "with --resume" not in str(err.value) and "without --resume" not in str(err.value)
+    summary = tp.train(parse_args(flags("--max_steps", 2, "--overwrite")))
+    assert summary["step"] == 2 and not partial.exists()
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["split"] == "train"] == [1, 2]

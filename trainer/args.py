@@ -9,6 +9,7 @@ from common.cli import ArgumentParser, UserError, require_positive
 from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS, V_NORMS
 from trainer.checkpoint import find_checkpoints
 from trainer.device import pick_device
+from trainer.run_dir import no_checkpoint, previous_run
 
 # Defaults that depend on the device. The no-flag run must finish in minutes on a 2-core CPU, so off-GPU the
 # model is narrower, and the CPU preset's batch, steps and peak learning rate are the winners of the sweep in
@@ -243,6 +244,8 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     if args.resume and args.overwrite:
         raise UserError("--resume continues the run in --out_dir and --overwrite discards it; pass one of them")
     if args.resume and not find_checkpoints(out):
+        if records := previous_run(out):
+            raise UserError(f"--resume: {no_checkpoint(out, records)}")
         raise UserError(f"--resume: no checkpoint in {out}; run without --resume to start fresh")
     return args
 
