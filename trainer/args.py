@@ -2,10 +2,9 @@
 
 import argparse
 import math
-import os
 from pathlib import Path
 
-from common.cli import ArgumentParser, UserError, require_positive
+from common.cli import ArgumentParser, UserError, require_positive, require_writable_dir
 from model import NORM_POSITIONS, NORM_SCALINGS, NORM_TYPES, QK_NORMS, V_NORMS
 from trainer.checkpoint import find_checkpoints
 from trainer.device import pick_device
@@ -238,9 +237,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         if getattr(args, name) is not None and not getattr(args, name) > 0:
             raise UserError(f"--{name} must be > 0, got {getattr(args, name)}")
     out = Path(args.out_dir)
-    parent = next(p for p in (out, *out.parents) if p.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"--out_dir {out} is not writable ({parent} is not a writable directory)")
+    require_writable_dir("--out_dir", out)
     if args.resume and args.overwrite:
         raise UserError("--resume continues the run in --out_dir and --overwrite discards it; pass one of them")
     if args.resume and not find_checkpoints(out):
