@@ -55,16 +55,20 @@ def test_blow_up_fires_on_neither_a_healthy_run_nor_its_first_steps(trained_run)
     healthy; a loss far above ln V, or one back at exactly ln V after the run had learned, is not."""
     vocab_size = json.loads((trained_run / "checkpoint" / "config.json").read_text())["vocab_size"]
     uniform, lowest = math.log(vocab_size), math.inf
+    start = uniform + 0.01  # about where a first step's loss is (measured in docs/training.md)
     records = read_metrics(trained_run / "metrics.jsonl")
     assert abs(records[0]["loss"] - uniform) < 0.5 and min(r["loss"] for r in records) < uniform - 1
     for r in records:
-        assert tp.blow_up(r["loss"], "training" if r["split"] == "train" else "validation", r["step"], lowest,
-                          vocab_size) is None
+        assert tp.blow_up(r["loss"], "training" if r["split"] == "train" else "validation", r["step"], start,
+                          lowest, vocab_size) is None
         lowest = min(lowest, r["loss"])
-    assert "blew up" in tp.blow_up(2.01 * uniform, "training", 50, lowest, vocab_size)
-    assert "collapsed" in tp.blow_up(uniform + 1e-4, "validation", 50, lowest, vocab_size)
+    assert "blew up" in tp.blow_up(2.05 * uniform, "training", 50, start, lowest, vocab_size)
+    assert "collapsed" in tp.blow_up(uniform + 1e-4, "validation", 50, start, lowest, vocab_size)
     # the same value before the run learned anything is its starting point, not a collapse
-    assert tp.blow_up(uniform + 1e-4, "validation", 1, uniform, vocab_size) is None
+    assert tp.blow_up(uniform + 1e-4, "validation", 1, start, uniform, vocab_size) is None
+    # a run that starts far above ln V (deepnorm without a norm) is measured from its own start
+    assert tp.blow_up(3000, "training", 10, 3200, 3000, vocab_size) is None
+    assert "its first loss (3200)" in tp.blow_up(6500, "training", 10, 3200, 3000, vocab_size)
 
 
 # --- flags that are not finite --------------------------------------------------------------------------

@@ -125,7 +125,7 @@ def read_metrics(path: Path) -> list[dict]:
             records.append(record)
         else:
             dropped.append(number)
-    if dropped == [lines[-1][0]]:
+    if dropped and dropped == [lines[-1][0]]:
         print(f"warning: {path}:{dropped[0]}: dropped a torn last line (a crash while it was written)",
               file=sys.stderr)
     elif dropped:
