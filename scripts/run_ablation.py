@@ -244,7 +244,8 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
                          if any(r["split"] == "train" for r in m[0])}, out / "layers.png")
     text = ["# Normalization ablation", "", describe(environment()) + " Each run's own is in results.json.", "",
             f"Seeds: {study.seeds}. Values are mean ± std over seeds of the final "
-            "validation evaluation; a diverged run (non-finite loss) is excluded from the mean and counted. A run "
+            "validation evaluation; a diverged run (non-finite loss, or a finite one that blew up; docs/training.md) is "
+            "excluded from the mean and counted. A run "
             f"plateaued when its final validation loss is within {PLATEAU_MARGIN} nats of a unigram model's "
             f"({unigram:.3f}: training-split token frequencies, scored on the validation split) or no lower than "
             "at its first evaluation.", ""]
