@@ -81,7 +81,7 @@ def test_every_float_flag_must_be_finite(flag, value, tmp_path):
         parse_args(["--out_dir", str(tmp_path / "run"), f"--{flag}={value}"])
 
 
-@pytest.mark.parametrize("flag", ["dyt_alpha_init", "dyt_alpha_init_mlp", "learning_rate"])
+@pytest.mark.parametrize("flag", ["learning_rate", "dist_timeout"])
 def test_positive_float_flags(flag, tmp_path):
     with pytest.raises(UserError, match=f"^--{flag} must be > 0, got 0.0"):
         parse_args(["--out_dir", str(tmp_path / "run"), f"--{flag}", "0"])

@@ -202,10 +202,9 @@ POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "num
             "num_attention_heads", "num_key_value_heads", "log_interval", "eval_interval", "eval_steps",
             "save_interval", "keep_checkpoints", "diag_interval", "hidden_size", "lr_decay_steps", "num_proc")  # the last three may be unset
 NON_NEGATIVE = ("min_lr", "warmup_steps", "weight_decay", "grad_clip")
-# Floats that must be > 0 (every float flag must be finite besides: NaN passes any "< 0" test, and inf passes
-# "> 0" only to turn every weight into NaN at the first update). DyT's alpha 0 would make each norm output zero.
-POSITIVE_FLOATS = ("learning_rate", "dist_timeout", "dyt_alpha_init", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
-                   "dyt_alpha_init_final")
+# Floats that must be > 0. Every float flag must be finite besides: NaN passes any "< 0" test, and inf passes
+# "> 0" only to turn every weight into NaN at the first update. (The model config checks the architecture's.)
+POSITIVE_FLOATS = ("learning_rate", "dist_timeout")
 
 
 def float_flags(parser: argparse.ArgumentParser) -> list[str]:
