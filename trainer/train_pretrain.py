@@ -387,7 +387,8 @@ def run_eval(job: Job, splits: Splits, state: TrainState, tracker: Tracker | Non
 
 def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, tracker: Tracker | None) -> None:
     """Train from state.step to --max_steps, logging, evaluating and saving on their intervals; stop early, after
-    saving, when asked to (SIGTERM, Ctrl-C) or when a step diverges (state.step is then the last good one)."""
+    saving, when asked to (SIGTERM, Ctrl-C) or when a step diverges (state.step is then the last good one; after
+    a finite blow-up, the step that showed it, unsaved: see blow_up)."""
     args, device, raw_model, model, optimizer, scaler, sampler = (
         job.args, job.device, state.raw_model, state.model, state.optimizer, state.scaler, state.sampler)
     mixed_precision, world_size, master = job.mixed_precision, job.world_size, job.master
@@ -441,7 +442,7 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             if state.step == 0:
-                first_loss = loss_sum.clone()
+                first_loss = loss_sum
             state.window.loss += loss_sum
             state.window.steps += 1
             state.step += 1
