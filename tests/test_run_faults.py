@@ -71,6 +71,21 @@ def test_blow_up_fires_on_neither_a_healthy_run_nor_its_first_steps(trained_run)
     assert "its first loss (3200)" in tp.blow_up(6500, "training", 10, 3200, 3000, vocab_size)
 
 
+def test_a_validation_loss_back_at_ln_v_after_learning_stops_the_run_unsaved(flags, monkeypatch, tmp_path):
+    """The second evaluation returns exactly the uniform loss, as a collapsed model does: the run had learned (its
+    train loss was > 1 nat below ln V), so it stops as diverged and keeps the checkpoint of the first."""
+    evaluate, calls = tp.evaluate, []
+
+    def collapsing(*args, **kwargs):
+        calls.append(1)
+        return evaluate(*args, **kwargs) if len(calls) == 1 else math.log(400)
+    monkeypatch.setattr(tp, "evaluate", collapsing)
+    summary = tp.train(parse_args(flags("--max_steps", 40, "--log_interval", 5, "--eval_interval", 20,
+                                        "--save_interval", 20, "--learning_rate", 1e-2, "--warmup_steps", 5)))
+    assert summary["diverged"] and summary["step"] == 40 and "collapsed to 5.9915" in summary["divergence"]
+    assert [p.name for p in find_checkpoints(tmp_path / "run")] == ["step-000020"]
+
+
 # --- flags that are not finite --------------------------------------------------------------------------
 
 
