@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -55,6 +56,15 @@ def require_positive(args: argparse.Namespace, names: tuple[str, ...]) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name} must be a positive integer, got {value}")
+
+
+def require_writable_dir(flag: str, path: Path) -> None:
+    """Refuse now, before any work, a directory a script will create or write into but cannot: the nearest part
+    of the path that exists must be a directory this process may write in."""
+    path = Path(path)
+    parent = next(p for p in (path, *path.parents) if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path} is not writable ({parent} is not a writable directory)")
 
 
 def run_cli(main: Callable[[], object]) -> None:

@@ -222,7 +222,7 @@ class MiniMindConfig(PretrainedConfig):
                              f"{[n for n, t in NORM_TYPES.items() if t.gain]}")
         if not 0 <= self.mix_ln_fraction <= 1:
             raise ValueError(f"mix_ln_fraction must be in [0, 1], got {self.mix_ln_fraction}")
-        for name in ("deepnorm_alpha", "deepnorm_beta", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
+        for name in ("deepnorm_alpha", "deepnorm_beta", "dyt_alpha_init", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
                      "dyt_alpha_init_final"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 (or unset for the default), got {getattr(self, name)}")

@@ -79,11 +79,11 @@ def compare(src: Path, gguf: Path, data_path=None, text_field="text", context=25
     """The three comparisons as numbers (see the module docstring)."""
     model_dir, _, model = export_model(src)
     tokenizer = load_tokenizer(model_dir)
-    llm = open_gguf(gguf, context, threads)
     docs = load_texts(data_path, "validation", text_field)["text"]
+    prompt_ids = tokenizer(prompt or docs[0][:200], add_special_tokens=False)["input_ids"]
+    llm = open_gguf(gguf, max(context, len(prompt_ids) + new_tokens), threads)  # the greedy run fits too
     ours = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in docs]
     theirs = [llm.tokenize(text.encode("utf-8"), add_bos=False, special=False) for text in docs]
-    prompt_ids = tokenizer(prompt or docs[0][:200], add_special_tokens=False)["input_ids"]
     tokens = prepare_split(data_path, "validation", tokenizer, text_field).tokens
     return {
         "documents": len(docs),

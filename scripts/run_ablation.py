@@ -89,8 +89,8 @@ def parse_args(argv=None):
                             "grid for every variant) or --tune_lr")
         if own.warmup_steps is not None and len(own.warmup_steps) > 1:
             raise UserError("--tune_lr takes one --warmup_steps value; run one study per warmup")
-        if any(lr <= 0 for lr in own.tune_lr):
-            raise UserError(f"--tune_lr learning rates must be > 0, got {own.tune_lr}")
+        if not all(math.isfinite(lr) and lr > 0 for lr in own.tune_lr):
+            raise UserError(f"--tune_lr learning rates must be finite and > 0, got {own.tune_lr}")
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise UserError("--tune_lr runs in one process (every choice needs the full summary); start it "
                             "without torchrun")
@@ -101,8 +101,8 @@ def parse_args(argv=None):
     own.warmup_steps = own.warmup_steps or [trainer_args.warmup_steps]
     if any(d < 1 for d in own.depths):
         raise UserError(f"--depths must be positive integers, got {own.depths}")
-    if any(lr <= 0 for lr in own.learning_rates) or any(w < 0 for w in own.warmup_steps):
-        raise UserError("--learning_rates must be > 0 and --warmup_steps >= 0")
+    if not all(math.isfinite(lr) and lr > 0 for lr in own.learning_rates) or any(w < 0 for w in own.warmup_steps):
+        raise UserError("--learning_rates must be finite and > 0, and --warmup_steps >= 0")
     return own, trainer_args
 
 
@@ -252,7 +252,8 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
                          if any(r["split"] == "train" for r in m[0])}, out / "layers.png")
     text = ["# Normalization ablation", "", describe(environment()) + " Each run's own is in results.json.", "",
             f"Seeds: {study.seeds}. Values are mean ± std over seeds of the final "
-            "validation evaluation; a diverged run (non-finite loss) is excluded from the mean and counted. A run "
+            "validation evaluation; a diverged run (non-finite loss, or a finite one that blew up; docs/training.md) is "
+            "excluded from the mean and counted. A run "
             f"plateaued when its final validation loss is within {PLATEAU_MARGIN} nats of a unigram model's "
             f"({unigram:.3f}: training-split token frequencies, scored on the validation split) or no lower than "
             "at its first evaluation.", ""]

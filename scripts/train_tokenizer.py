@@ -3,12 +3,15 @@
 The shipped data/tokenizer/ is the output of running this with no flags (embedded Shakespeare corpus).
 """
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.cli import ArgumentParser, run_cli
+from common.cli import ArgumentParser, cannot_write, require_writable_dir, run_cli
 from data.tokenizer import DEFAULT_TOKENIZER_DIR, DEFAULT_VOCAB_SIZE, save_tokenizer, train_tokenizer
 
 
@@ -23,9 +26,28 @@ def main(argv: list[str] | None = None) -> None:
                         help="directory to save tokenizer.json and tokenizer_config.json in ")
     parser.add_argument("--streaming", action="store_true", help="stream the source instead of caching it as Arrow")
     args = parser.parse_args(argv)
+    out = Path(args.out_dir)
+    require_writable_dir("--out_dir", out)  # now, not after the training
     tokenizer = train_tokenizer(args.data_path, args.text_field, args.vocab_size, args.streaming)
-    save_tokenizer(tokenizer, args.out_dir)  # only now, so a bad input leaves nothing behind
+    save(tokenizer, out)  # only now, so a bad input leaves nothing behind
     print(f"saved a {len(tokenizer)}-token tokenizer to {args.out_dir}")
+
+
+def save(tokenizer, out: Path) -> None:
+    """Write the tokenizer's files beside their final place, then move each in: a failed or killed save leaves
+    the previous files (or nothing), never half of one."""
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out, prefix=".partial-") as tmp:
+            save_tokenizer(tokenizer, tmp)
+            for file in Path(tmp).iterdir():
+                os.replace(file, out / file.name)
+    except OSError as err:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise cannot_write(f"the tokenizer in {out}", err, "free some space or fix the permissions, then run "
+                           "again") from None
 
 
 if __name__ == "__main__":

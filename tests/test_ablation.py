@@ -220,8 +220,11 @@ def test_tune_lr_refuses_a_fixed_grid_and_several_warmups():
         run_ablation.parse_args(["--tune_lr", "1e-3", "2e-3", "--learning_rates", "1e-3"])
     with pytest.raises(UserError, match="one --warmup_steps value"):
         run_ablation.parse_args(["--tune_lr", "1e-3", "2e-3", "--warmup_steps", "0", "10"])
-    with pytest.raises(UserError, match="must be > 0"):
-        run_ablation.parse_args(["--tune_lr", "1e-3", "0"])
+    for bad in ("0", "nan", "inf"):
+        with pytest.raises(UserError, match="--tune_lr learning rates must be finite and > 0"):
+            run_ablation.parse_args(["--tune_lr", "1e-3", bad])
+        with pytest.raises(UserError, match="--learning_rates must be finite and > 0"):
+            run_ablation.parse_args(["--learning_rates", "1e-3", bad])
     study, _ = run_ablation.parse_args(["--tune_lr", "4e-3", "1e-3", "4e-3"])
     assert study.tune_lr == [1e-3, 4e-3]  # sorted, duplicates dropped
 

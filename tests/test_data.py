@@ -353,3 +353,24 @@ def test_train_tokenizer_cli(tmp_path, tiny_corpus, capsys):
     assert capsys.readouterr().out.strip().endswith(f"saved a 300-token tokenizer to {tmp_path / 'tok'}")
     tokenizer = load_tokenizer(tmp_path / "tok")
     assert len(tokenizer) == 300 and tokenizer.decode(tokenizer("Full fathom five")["input_ids"]) == "Full fathom five"
+
+
+def test_train_tokenizer_refuses_an_unwritable_out_dir_before_training(tmp_path, tiny_corpus, monkeypatch):
+    monkeypatch.setattr(train_tokenizer_script, "train_tokenizer", lambda *a: pytest.fail("trained first"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match=f"--out_dir {tmp_path / 'file' / 'tok'} is not writable"):
+        train_tokenizer_script.main(["--data_path", tiny_corpus, "--out_dir", str(tmp_path / "file" / "tok")])
+
+
+def test_train_tokenizer_that_cannot_save_is_one_line_and_leaves_the_old_files(tmp_path, tiny_corpus, monkeypatch):
+    out = tmp_path / "tok"
+    out.mkdir()
+    (out / "tokenizer.json").write_text("old")
+
+    def full_disk(tokenizer, path):
+        (Path(path) / "tokenizer.json").write_text("half")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(train_tokenizer_script, "save_tokenizer", full_disk)
+    with pytest.raises(UserError, match="cannot write the tokenizer in .*No space left on device"):
+        train_tokenizer_script.main(["--data_path", tiny_corpus, "--vocab_size", "300", "--out_dir", str(out)])
+    assert [(p.name, p.read_text()) for p in out.iterdir()] == [("tokenizer.json", "old")]

@@ -58,6 +58,7 @@ def test_model_config_sets_every_architecture_flag(tmp_path, tiny_tokenizer):
      "^--norm_scaling='depth' scales .* allowed with --norm_position 'pre' or 'mix', got 'post'$"),
     (["--norm", "none", "--qk_norm", "head"], "^--qk_norm='head' needs .* allowed with any --norm but 'none'"),
     (["--dyt_alpha_init_mlp", "0"], "^--dyt_alpha_init_mlp must be > 0"),
+    (["--dyt_alpha_init", "-0.5"], "^--dyt_alpha_init must be > 0"),
 ])
 def test_a_bad_architecture_names_the_flags_not_the_config_fields(flags, message, tmp_path, tiny_tokenizer):
     with pytest.raises(UserError, match=message):

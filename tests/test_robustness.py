@@ -262,11 +262,16 @@ def test_a_torn_last_metrics_line_is_dropped_with_a_warning(base_run, tmp_path, 
     assert sorted(train_losses(out)) == [1, 2, 3, 4, 5, 6]
 
 
-def test_a_damaged_metrics_line_before_the_last_is_one_line(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 1}\n{"st\n{"step": 2}\n')
-    with pytest.raises(UserError, match="metrics.jsonl:2: not a JSON record"):
-        read_metrics(path)
+def test_garbage_lines_in_the_metrics_are_dropped_with_a_warning_and_resume_goes_on(base_run, tmp_path, run,
+                                                                                      capsys):
+    out = copy_of(base_run, tmp_path / "run")
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    garbage = ['{"st\n', "42\n", '{"loss": 1.0}\n', "\udcff\udcfe binary\n"]
+    (out / "metrics.jsonl").write_text("".join(lines[:2] + garbage + lines[2:]), errors="surrogateescape")
+    run(out, "--max_steps", 6, "--resume")
+    assert "dropped 4 lines that are not metrics records (lines 3, 4, 5, 6)" in capsys.readouterr().err
+    assert sorted(train_losses(out)) == [1, 2, 3, 4, 5, 6]
+    assert read_metrics(out / "metrics.jsonl") and "dropped" not in capsys.readouterr().err  # rewritten clean
 
 
 # --- every other fault: one line, nothing lost ----------------------------------------------------

@@ -153,7 +153,8 @@ def test_divergence_stops_with_clear_message_and_keeps_checkpoint(tmp_path, tiny
                              "--log_interval", 1, "--learning_rate", 1e6, "--warmup_steps", 3, "--grad_clip", 0,
                              "--norm", "none"], capsys)
     assert status == 2
-    assert lines[-1].startswith("error: loss or gradient became non-finite") and "learning_rate" in lines[-1]
+    assert lines[-1].startswith("error: the loss, gradient or weights became non-finite") and "learning_rate" in lines[-1]
+    assert "the last checkpoint (step-" in lines[-1] and "--resume" in lines[-1]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["diverged"] and 1 <= summary["step"] < 60
     state = torch.load(out / "checkpoint" / "training_state.pt", weights_only=False)

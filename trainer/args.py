@@ -1,10 +1,10 @@
 """Every training flag: its default, check and role, in one place (the trainer and the ablation runner share it)."""
 
 import argparse
-import os
+import math
 from pathlib import Path
 
-from common.cli import ArgumentParser, UserError, require_positive
+from common.cli import ArgumentParser, UserError, require_positive, require_writable_dir
 from model import (
     ATTN_GATES,
     EMBED_NORMS,
@@ -17,6 +17,7 @@ from model import (
 )
 from trainer.checkpoint import find_checkpoints
 from trainer.device import pick_device
+from trainer.run_dir import no_checkpoint, previous_run
 
 # Defaults that depend on the device. The no-flag run must finish in minutes on a 2-core CPU, so off-GPU the
 # model is narrower, and the CPU preset's batch, steps and peak learning rate are the winners of the sweep in
@@ -233,6 +234,13 @@ POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "num
             "num_attention_heads", "num_key_value_heads", "log_interval", "eval_interval", "eval_steps",
             "save_interval", "keep_checkpoints", "diag_interval", "hidden_size", "lr_decay_steps", "num_proc")  # the last three may be unset
 NON_NEGATIVE = ("min_lr", "warmup_steps", "weight_decay", "grad_clip")
+# Floats that must be > 0. Every float flag must be finite besides: NaN passes any "< 0" test, and inf passes
+# "> 0" only to turn every weight into NaN at the first update. (The model config checks the architecture's.)
+POSITIVE_FLOATS = ("learning_rate", "dist_timeout")
+
+
+def float_flags(parser: argparse.ArgumentParser) -> list[str]:
+    return [action.dest for action in parser._actions if action.type is float]
 
 
 def fill_device_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -250,20 +258,22 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     """Reject bad values with one line naming the flag, before anything is loaded or written."""
     fill_device_defaults(args)
     require_positive(args, POSITIVE)
+    for name in float_flags(build_parser()):
+        if getattr(args, name) is not None and not math.isfinite(getattr(args, name)):
+            raise UserError(f"--{name} must be a finite number, got {getattr(args, name)}")
     for name in NON_NEGATIVE:
         if getattr(args, name) < 0:
             raise UserError(f"--{name} must be >= 0, got {getattr(args, name)}")
-    if not args.dist_timeout > 0:
-        raise UserError(f"--dist_timeout must be > 0 minutes, got {args.dist_timeout}")
-    if not args.learning_rate > 0:
-        raise UserError(f"--learning_rate must be > 0, got {args.learning_rate}")
+    for name in POSITIVE_FLOATS:
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
+            raise UserError(f"--{name} must be > 0, got {getattr(args, name)}")
     out = Path(args.out_dir)
-    parent = next(p for p in (out, *out.parents) if p.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"--out_dir {out} is not writable ({parent} is not a writable directory)")
+    require_writable_dir("--out_dir", out)
     if args.resume and args.overwrite:
         raise UserError("--resume continues the run in --out_dir and --overwrite discards it; pass one of them")
     if args.resume and not find_checkpoints(out):
+        if records := previous_run(out):
+            raise UserError(f"--resume: {no_checkpoint(out, records)}")
         raise UserError(f"--resume: no checkpoint in {out}; run without --resume to start fresh")
     return args
 

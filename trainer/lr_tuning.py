@@ -2,9 +2,9 @@
 is, and how it compares with a baseline seed by seed. Pure functions on final validation losses, so the runner
 (scripts/run_ablation.py --tune_lr) and the tests share them.
 
-A grid point is *usable* when its run neither diverged (non-finite loss) nor plateaued (learned next to
-nothing): only usable points can win, because a run that plateaued at a low loss by luck is not a setting anyone
-should pick.
+A grid point is *usable* when its run neither diverged (a non-finite loss, or a finite one that blew up) nor
+plateaued (learned next to nothing): only usable points can win, because a run that plateaued at a low loss by
+luck is not a setting anyone should pick.
 """
 
 import math

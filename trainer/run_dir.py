@@ -18,6 +18,7 @@ from trainer.checkpoint import LINK, find_checkpoints
 
 LOCK_FILE = ".lock"
 RECORDS = ("metrics.jsonl", "summary.json", "layers.png", "wandb")  # a run's files besides its checkpoints
+FILES = (LOCK_FILE, "metrics.jsonl", "summary.json", "layers.png")  # those the trainer writes as plain files
 
 
 def previous_run(out_dir: Path) -> list[str]:
@@ -29,6 +30,13 @@ def previous_run(out_dir: Path) -> list[str]:
     if (out_dir / "summary.json").is_file():
         found.append("summary.json")
     return found
+
+
+def no_checkpoint(out_dir: Path, records: list[str]) -> str:
+    """What to run in an out_dir that holds a run's records but no checkpoint (it was stopped or killed before
+    its first save completed): there is nothing to resume, so the way on is to start over."""
+    return (f"--out_dir {out_dir} holds the records of a run that saved no checkpoint ({', '.join(records)}), so "
+            "there is nothing to resume: pass --overwrite to discard them and start afresh, or choose a new --out_dir")
 
 
 def discard_run(out_dir: Path) -> None:
@@ -46,6 +54,10 @@ def claim_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> Iterator[None
     told to overwrite it. A directory this call created is removed again if the run leaves nothing in it."""
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
+    for name in FILES:  # (something else put there: the trainer would fail on it only when it first writes it)
+        if (out_dir / name).is_dir():
+            raise UserError(f"{out_dir / name} is a directory, where the trainer keeps its {name} file; move it "
+                            "away, or choose another --out_dir")
     lock = out_dir / LOCK_FILE
     try:
         with exclusive_lock(lock) as locked:
@@ -54,6 +66,8 @@ def claim_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> Iterator[None
                       "uses this --out_dir", file=sys.stderr)
             found = previous_run(out_dir)
             if found and not resume and not overwrite:
+                if not find_checkpoints(out_dir):
+                    raise UserError(no_checkpoint(out_dir, found))
                 raise UserError(f"--out_dir {out_dir} holds another run ({', '.join(found)}); continue it with "
                                 "--resume, choose a new --out_dir, or pass --overwrite to discard it")
             leftovers = remove_leftovers(out_dir)

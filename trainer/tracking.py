@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from common.cli import UserError, cannot_write, first_line
+from common.cli import cannot_write, first_line
 
 ONLINE_INIT_TIMEOUT_S = 20
 
@@ -106,17 +106,30 @@ class Tracker:
             self.run = None
 
 
+def is_record(record) -> bool:
+    return isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("split"), str)
+
+
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl file. A last line cut short (a crash mid-write) is dropped with a warning."""
-    with open(path) as f:
+    """The records of a metrics.jsonl file. A line that is not one (a last line cut short by a crash mid-write, or
+    garbage from elsewhere) is dropped with a warning; a --resume rewrites the file without it."""
+    with open(path, errors="replace") as f:
         lines = [(number, line) for number, line in enumerate(f, 1) if line.strip()]
-    records = []
+    records, dropped = [], []
     for number, line in lines:
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
-            if number != lines[-1][0]:
-                raise UserError(f"{path}:{number}: not a JSON record; the metrics file is damaged") from None
-            print(f"warning: {path}:{number}: dropped a torn last line (a crash while it was written)",
-                  file=sys.stderr)
+            record = None
+        if is_record(record):
+            records.append(record)
+        else:
+            dropped.append(number)
+    if dropped and dropped == [lines[-1][0]]:
+        print(f"warning: {path}:{dropped[0]}: dropped a torn last line (a crash while it was written)",
+              file=sys.stderr)
+    elif dropped:
+        shown = ", ".join(map(str, dropped[:5])) + (", ..." if len(dropped) > 5 else "")
+        print(f"warning: {path}: dropped {len(dropped)} lines that are not metrics records (lines {shown})",
+              file=sys.stderr)
     return records

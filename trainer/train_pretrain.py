@@ -50,7 +50,7 @@ from data import (
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.model_minimind import NORM_MODULES
 from trainer.args import config_fields, device_defaults, parse_args
-from trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from trainer.checkpoint import find_checkpoints, load_checkpoint, save_checkpoint, set_rng_state
 from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, resolve_dtype
 from trainer.diagnostics import (
     block_grad_norms,
@@ -104,6 +104,41 @@ def require_window(data: PackedTokens, args) -> None:
                "or the source more documents")
     raise UserError(f"the {data.split} split of --data_path {args.data_path or 'default'} has {data.num_tokens} "
                     f"tokens, fewer than --max_seq_len + 1 = {args.max_seq_len + 1}{fix}")
+
+
+# A run can blow up and die without a NaN: AdamW's normalized steps keep the weights finite while the loss climbs
+# to thousands of nats, and it may later sit at exactly ln V (V = vocabulary size), the loss of a uniform guess, once
+# the logits no longer depend on the input. A run starts near ln V (small initial logits), but not every one:
+# deepnorm without a norm starts near 3,200 nats and still trains down (docs/training.md). So a blow-up is
+# measured against the larger of ln V and the run's first loss, the loss of its initial weights. Only evaluations
+# decide: a training window that blows up is a spike, and runs come back from spikes (8 layers without a norm
+# spiked to 16,087 nats and trained on to 5.2; docs/results/study.md), so it is remembered and reported, not fatal.
+BLOW_UP = 2  # a loss above BLOW_UP x that: far worse than where it started
+COLLAPSE_TOL = 1e-3  # a validation loss this close to ln V, after the run had learned LEARNED nats or had spiked
+LEARNED = 1.0
+
+
+def blown_up(loss: float, start: float, vocab_size: int) -> str | None:
+    """'more than 2x <reference>' when a finite loss is far above where the run started; None otherwise."""
+    uniform = math.log(vocab_size)
+    if loss <= BLOW_UP * max(start, uniform):
+        return None
+    return f"more than {BLOW_UP}x " + (f"its first loss ({start:.4g})" if start > uniform else
+                                       f"the loss of a uniform guess (ln {vocab_size} = {uniform:.3f})")
+
+
+def val_divergence(loss: float, step: int, start: float, lowest: float, spiked: bool, vocab_size: int) -> str | None:
+    """How a finite validation loss at `step` shows the run diverged, in words; None while it is healthy. `start`
+    is the run's first loss, `lowest` the lowest it logged before, `spiked` whether a training window blew up."""
+    uniform = math.log(vocab_size)
+    reference = blown_up(loss, start, vocab_size)
+    if reference:
+        return f"the validation loss blew up to {loss:.4g} at step {step}, {reference}"
+    if (lowest <= uniform - LEARNED or spiked) and abs(loss - uniform) < COLLAPSE_TOL:
+        before = f"after it had been down to {lowest:.3f}" if lowest <= uniform - LEARNED else "after a spike"
+        return (f"the validation loss collapsed to {loss:.4f} at step {step}, the loss of a uniform guess "
+                f"(ln {vocab_size}), {before}")
+    return None
 
 
 def train(args) -> dict:
@@ -168,6 +203,17 @@ class Accounting:
 
 
 @dataclass
+class Window:
+    """The steps since the last train record: their loss, summed on the device, how many they are, how many of
+    them were untimed warm-up steps, and train_time when the window began. A checkpoint carries it, so that the
+    first record after a --resume averages the same steps, to the bit, as it would have without the stop."""
+    loss: torch.Tensor
+    steps: int = 0
+    untimed: int = 0
+    start: float = 0.0
+
+
+@dataclass
 class TrainState:
     """What the loop advances and a checkpoint records, and how the loop ended."""
     raw_model: MiniMindForCausalLM
@@ -175,12 +221,17 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     sampler: Prefetcher
+    window: Window
     step: int = 0
     train_time: float = 0.0  # seconds of training, without the warm-up steps (below), evaluations and saves
     compile_time: float = 0.0  # seconds of the warm-up steps: the first step of each process, which compiles
     untimed_steps: int = 0  # how many warm-up steps there were (one per start: the first run and each resume)
     run_id: str | None = None  # the wandb run a resumed run continues
+    start_loss: float | None = None  # the first step's (all ranks' mean), known after the first host read
+    lowest_loss: float = math.inf  # of every train window and evaluation so far (see val_divergence)
+    spiked: bool = False  # a training window blew up (see val_divergence)
     diverged: bool = False
+    divergence: str | None = None  # how it diverged, in words
     interrupted: bool = False
     last_val: dict | None = None  # the last evaluation record of this process
 
@@ -230,7 +281,7 @@ def start_or_resume(job: Job, config: MiniMindConfig | None, splits: Splits) -> 
     raw_model.to(job.device).train()
     optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay, args.norm_weight_decay)
     scaler = torch.amp.GradScaler(job.device.type, enabled=job.dtype == torch.float16)
-    state = TrainState(raw_model, raw_model, optimizer, scaler, sampler)
+    state = TrainState(raw_model, raw_model, optimizer, scaler, sampler, Window(torch.zeros((), device=job.device)))
     if saved is not None:
         optimizer.load_state_dict(saved["optimizer"])
         if scaler.is_enabled() and not saved["scaler"]:  # bf16 and fp32 runs have no loss scale to carry over
@@ -243,6 +294,14 @@ def start_or_resume(job: Job, config: MiniMindConfig | None, splits: Splits) -> 
         state.step, state.train_time, state.run_id = saved["step"], saved["train_time"], saved["wandb_run_id"]
         # (checkpoints from before warm-up was timed apart have neither)
         state.compile_time, state.untimed_steps = saved.get("compile_time", 0.0), saved.get("untimed_steps", 0)
+        # (checkpoints from before these were saved: measure from ln V)
+        state.start_loss = saved.get("start_loss", math.log(raw_model.config.vocab_size))
+        state.lowest_loss, state.spiked = saved.get("lowest_loss", math.inf), saved.get("spiked", False)
+        # (checkpoints from before windows were saved start a new one: their first record covers fewer steps)
+        window = saved.get("window", {"loss_sums": [0.0] * job.world_size, "steps": 0, "untimed": 0,
+                                      "start": state.train_time})
+        state.window = Window(torch.tensor(window["loss_sums"][job.rank], device=job.device), window["steps"],
+                              window["untimed"], window["start"])
         set_rng_state(saved["rng"])
 
     if args.compile:
@@ -307,16 +366,22 @@ def open_tracking(job: Job, splits: Splits, state: TrainState, costs: Accounting
 
 
 def save(job: Job, splits: Splits, state: TrainState, tracker: Tracker | None) -> None:
-    """A checkpoint of the run at state.step (on every rank, since each sends its sampler's position)."""
-    samplers = [state.sampler.state_dict()]  # every rank's, so each draws its own batches after a resume
-    if job.world_size > 1:
-        samplers = [None] * job.world_size
-        dist.all_gather_object(samplers, state.sampler.state_dict())
+    """A checkpoint of the run at state.step (on every rank, since each sends its sampler's position and its
+    share of the window's loss)."""
+    ranks = [(state.sampler.state_dict(), state.window.loss.item())]  # every rank's, so each draws its own
+    if job.world_size > 1:  # batches after a resume
+        ranks = [None] * job.world_size
+        dist.all_gather_object(ranks, (state.sampler.state_dict(), state.window.loss.item()))
+    window = state.window
     if job.master:
         save_checkpoint(job.out_dir, state.raw_model, job.tokenizer, {
             "step": state.step, "optimizer": state.optimizer.state_dict(), "scaler": state.scaler.state_dict(),
-            "sampler": samplers, "train_time": state.train_time, "compile_time": state.compile_time,
-            "untimed_steps": state.untimed_steps, "wandb_run_id": tracker.run_id,
+            "sampler": [sampler for sampler, _ in ranks], "train_time": state.train_time,
+            "compile_time": state.compile_time, "untimed_steps": state.untimed_steps,
+            "window": {"loss_sums": [loss for _, loss in ranks], "steps": window.steps, "untimed": window.untimed,
+                       "start": window.start},
+            "start_loss": state.start_loss, "lowest_loss": state.lowest_loss, "spiked": state.spiked,
+            "wandb_run_id": tracker.run_id,
             "args": vars(job.args), "data": splits.fingerprint,
         }, job.args.keep_checkpoints)
 
@@ -335,19 +400,19 @@ def run_eval(job: Job, splits: Splits, state: TrainState, tracker: Tracker | Non
 
 def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, tracker: Tracker | None) -> None:
     """Train from state.step to --max_steps, logging, evaluating and saving on their intervals; stop early, after
-    saving, when asked to (SIGTERM, Ctrl-C) or when a step diverges (state.step is then the last good one)."""
+    saving, when asked to (SIGTERM, Ctrl-C) or when a step diverges (state.step is then the last good one; after
+    a finite blow-up, the step that showed it, unsaved: see val_divergence)."""
     args, device, raw_model, model, optimizer, scaler, sampler = (
         job.args, job.device, state.raw_model, state.model, state.optimizer, state.scaler, state.sampler)
     mixed_precision, world_size, master = job.mixed_precision, job.world_size, job.master
     stop = StopFlag()
-    window_steps, window_start = 0, state.train_time
-    warming_up, window_untimed = True, 0
+    warming_up, vocab_size = True, raw_model.config.vocab_size
     # The host reads the device only on steps that log, evaluate or save (or when asked to stop), so in between
     # it queues work without waiting for the GPU. Until then the loss sums up on the device, and so does the
     # index of the first step whose loss or gradient was non-finite (inf while there is none): from that step
     # on every update is skipped on the device, so the weights stay those of the last good step.
-    window_loss = torch.zeros((), device=device)
     first_bad = torch.full((), math.inf, device=device)
+    first_loss = torch.full((), math.nan, device=device)  # of a fresh run's first step, read at the first sync
     pbar = tqdm(total=args.max_steps, initial=state.step, disable=not master, desc="train", dynamic_ncols=True)
     t0 = time.perf_counter()
     try:
@@ -382,10 +447,17 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
             bad = ~torch.isfinite(loss_sum) if scaler.is_enabled() else ~(torch.isfinite(loss_sum) & finite_grads)
             first_bad = torch.where(bad & first_bad.isinf(), state.step, first_bad)
             step_unless(optimizer, first_bad.isfinite() | ~finite_grads)
+            if save_now or stop.requested:
+                # An update can overflow the weights from a finite gradient (a huge --learning_rate); the loss
+                # shows it only a step later, so before a save the weights themselves are checked.
+                weights_bad = ~torch.stack([p.isfinite().all() for p in raw_model.parameters()]).all()
+                first_bad = torch.where(weights_bad & first_bad.isinf(), state.step, first_bad)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
-            window_loss += loss_sum
-            window_steps += 1
+            if state.step == 0:
+                first_loss = loss_sum
+            state.window.loss += loss_sum
+            state.window.steps += 1
             state.step += 1
             pbar.update(1)
             if warming_up:
@@ -398,18 +470,23 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
                 state.compile_time += now - t0
                 t0 = now
                 state.untimed_steps += 1
-                warming_up, window_untimed = False, 1
+                warming_up = False
+                state.window.untimed += 1
             if not (log_now or eval_now or save_now or (world_size == 1 and stop.requested)):
                 continue
 
             # One small all-reduce of each kind, so all ranks agree on when to stop (a rank that stopped alone
             # would hang the others): the loss and any rank's stop request summed, the first bad step's minimum.
-            summed = torch.stack([window_loss, torch.full((), float(stop.requested), device=device)])
+            window = state.window
+            summed = torch.stack([window.loss, torch.full((), float(stop.requested), device=device), first_loss])
             earliest_bad = first_bad.clone()
             if world_size > 1:
                 dist.all_reduce(summed)
                 dist.all_reduce(earliest_bad, op=dist.ReduceOp.MIN)
-            window_mean, state.interrupted = summed[0].item() / world_size / window_steps, summed[1].item() > 0
+            window_sum, stops, first_sum = summed.tolist()
+            window_mean, state.interrupted = window_sum / world_size / window.steps, stops > 0
+            if state.start_loss is None:
+                state.start_loss = first_sum / world_size
             earliest_bad = earliest_bad.item()
             now = time.perf_counter()
             state.train_time += now - t0
@@ -417,12 +494,20 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
             if math.isfinite(earliest_bad):
                 # the steps completed before it; the rest were skipped
                 state.diverged, state.step = True, int(earliest_bad)
+                state.divergence = f"the loss, gradient or weights became non-finite at step {state.step + 1}"
                 break
+            spike = blown_up(window_mean, state.start_loss, vocab_size)
+            if spike and not state.spiked and master:
+                print(f"warning: the training loss spiked to {window_mean:.4g} at step {state.step}, {spike}; the "
+                      "run goes on, and stops as diverged if a validation loss blows up or collapses to ln V",
+                      file=sys.stderr)
+            state.spiked = state.spiked or bool(spike)
+            state.lowest_loss = min(state.lowest_loss, window_mean)
 
             if log_now:
                 if master:
                     # speed over the window's timed steps (a window holding only the warm-up step has none)
-                    timed, window_time = window_steps - window_untimed, state.train_time - window_start
+                    timed, window_time = window.steps - window.untimed, state.train_time - window.start
                     tokens_per_s = timed * costs.tokens_per_step / window_time if timed and window_time else None
                     peak = costs.peak_flops
                     record = {
@@ -440,10 +525,16 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
                     tracker.log(record)
                     pbar.set_postfix(loss=f"{window_mean:.3f}", lr=f"{lr:.1e}",
                                      tok_s=f"{tokens_per_s:.0f}" if tokens_per_s else "-")
-                window_loss, window_steps, window_start = torch.zeros((), device=device), 0, state.train_time
-                window_untimed = 0
-            if eval_now:
+                state.window = Window(torch.zeros((), device=device), start=state.train_time)
+            if eval_now and not state.divergence:
                 state.last_val = run_eval(job, splits, state, tracker)
+                val_loss = state.last_val["loss"]
+                state.divergence = val_divergence(val_loss, state.step, state.start_loss, state.lowest_loss,
+                                                  state.spiked, vocab_size)
+                state.lowest_loss = min(state.lowest_loss, val_loss)
+            if state.divergence:  # finite, but no longer a model worth a checkpoint
+                state.diverged = True
+                break
             if save_now or state.interrupted:
                 save(job, splits, state, tracker)
             if state.interrupted:
@@ -459,7 +550,8 @@ def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting
     to summary.json and plots the layer profiles."""
     args, out_dir, cfg, step, train_time = job.args, job.out_dir, state.raw_model.config, state.step, state.train_time
     timed = max(step - state.untimed_steps, 0)  # (a run that diverged in its first step has none)
-    summary = {"step": step, "max_steps": args.max_steps, "diverged": state.diverged, "interrupted": state.interrupted}
+    summary = {"step": step, "max_steps": args.max_steps, "diverged": state.diverged, "divergence": state.divergence,
+               "interrupted": state.interrupted}
     if not job.master:
         return summary
     records = read_metrics(out_dir / "metrics.jsonl")
@@ -497,10 +589,14 @@ def main(argv: list[str] | None = None) -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     if summary["diverged"]:
-        raise UserError(
-            f"loss or gradient became non-finite at step {summary['step'] + 1}; the last checkpoint in {args.out_dir} "
-            "is kept. Lower --learning_rate, raise --warmup_steps or set --grad_clip"
-        )
+        what = summary.get("divergence") or f"the run diverged after step {summary['step']}"  # (older summaries)
+        fix = "lower --learning_rate, raise --warmup_steps or set --grad_clip"
+        checkpoints = find_checkpoints(Path(args.out_dir))
+        if checkpoints:
+            raise UserError(f"{what}; nothing after it was saved, and the last checkpoint ({checkpoints[0].name}) is "
+                            f"kept: {fix}, then continue from it with --resume (or start over with --overwrite)")
+        raise UserError(f"{what}, before the run saved any checkpoint: {fix}, and start over with --overwrite "
+                        "(or in a new --out_dir)")
 
 
 if __name__ == "__main__":
