@@ -73,6 +73,7 @@ def test_divergence_fires_on_neither_a_healthy_run_nor_its_first_steps(trained_r
     # a run that starts far above ln V (deepnorm without a norm) is measured from its own start
     assert tp.val_divergence(3000, 10, 3200, 3000, False, vocab_size) is None
     assert "its first loss (3200)" in tp.val_divergence(6500, 10, 3200, 3000, False, vocab_size)
+    assert tp.val_divergence(math.nan, 3, start, lowest, False, vocab_size) == "the validation loss was nan at step 3"
 
 
 def test_a_training_spike_that_recovers_is_not_a_divergence(flags, capsys):

@@ -68,8 +68,11 @@ def test_non_finite_step_is_skipped_on_the_device_and_reported(train_args, built
     assert summary["diverged"] and 1 <= good_steps < 29  # found at step 30, it happened well before
     assert all(torch.isfinite(p).all() for p in built[0].parameters())
 
+    # The reference trains those good steps; its final evaluation may still find the weights unusable (on some
+    # CPUs their forward already overflows), but no training step of it goes bad.
     reference = tp.train(train_args(*blow_up, "--max_steps", good_steps, out="reference"))
-    assert not reference["diverged"] and reference["step"] == good_steps
+    assert reference["step"] == good_steps
+    assert not reference["diverged"] or reference["divergence"].startswith("the validation loss")
     for a, b in zip(built[0].state_dict().values(), built[1].state_dict().values(), strict=True):
         assert torch.equal(a, b)
 

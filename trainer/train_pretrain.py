@@ -128,9 +128,11 @@ def blown_up(loss: float, start: float, vocab_size: int) -> str | None:
 
 
 def val_divergence(loss: float, step: int, start: float, lowest: float, spiked: bool, vocab_size: int) -> str | None:
-    """How a finite validation loss at `step` shows the run diverged, in words; None while it is healthy. `start`
+    """How a validation loss at `step` shows the run diverged, in words; None while it is healthy. `start`
     is the run's first loss, `lowest` the lowest it logged before, `spiked` whether a training window blew up."""
     uniform = math.log(vocab_size)
+    if not math.isfinite(loss):  # finite weights whose forward overflows
+        return f"the validation loss was {loss} at step {step}"
     reference = blown_up(loss, start, vocab_size)
     if reference:
         return f"the validation loss blew up to {loss:.4g} at step {step}, {reference}"
