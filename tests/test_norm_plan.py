@@ -365,9 +365,12 @@ def test_batchnorm_output_depends_on_the_rest_of_the_batch():
         assert torch.equal(model(x).logits[0], model(other).logits[0])
 
 
-@pytest.mark.parametrize("position", NORM_POSITIONS)
-def test_kv_cache_matches_full_forward(position):
-    model = tiny_model(norm_position=position, qk_norm="head", v_norm="head")
+@pytest.mark.parametrize("overrides", [{"norm_position": position, "qk_norm": "head", "v_norm": "head"}
+                                       for position in NORM_POSITIONS] + [
+    placed("hybrid_star", sub_norm=True, embed_norm="norm"),
+    {"norm_gain": "one_plus_w", "norm_position": "peri", "embed_norm": "scale"}])
+def test_kv_cache_matches_full_forward(overrides):
+    model = tiny_model(**overrides)
     x = ids(seq=14)
     with torch.no_grad():
         full = model(x).logits

@@ -89,13 +89,17 @@ def straight_and_in_halves(tmp_path, tiny_args, resume) -> tuple[list, Path, Pat
     return common, straight, halves
 
 
-def test_exact_resume(tmp_path, tiny_args, capsys):
-    common, straight, halves = straight_and_in_halves(tmp_path, tiny_args, train_in_process)
+def assert_same_run(straight, halves):
     assert len(losses(straight)) == 8
     assert losses(halves) == losses(straight)  # bit-identical, step by step
     a = load_file(straight / "checkpoint" / "model.safetensors")
     b = load_file(halves / "checkpoint" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_exact_resume(tmp_path, tiny_args, capsys):
+    common, straight, halves = straight_and_in_halves(tmp_path, tiny_args, train_in_process)
+    assert_same_run(straight, halves)
     assert sorted(p.name for p in halves.iterdir() if p.name.startswith("step-")) == ["step-000004", "step-000008"]
 
     # resuming with another batch shape would not continue the same run: refused, checkpoint untouched
@@ -112,11 +116,7 @@ def test_exact_resume_in_a_fresh_process(tmp_path, env, tiny_args):
         assert result.returncode == 0, result.stderr[-2000:]
 
     _, straight, halves = straight_and_in_halves(tmp_path, tiny_args, in_a_fresh_process)
-    assert len(losses(straight)) == 8
-    assert losses(halves) == losses(straight)  # bit-identical, step by step
-    a = load_file(straight / "checkpoint" / "model.safetensors")
-    b = load_file(halves / "checkpoint" / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_run(straight, halves)
 
 
 @pytest.mark.slow  # an inductor compile: 80 s on 2 busy cores
