@@ -395,7 +395,9 @@ def test_bf16_autocast_forward_backward(position):
 
 @pytest.mark.parametrize("overrides", [{"norm_position": "peri", "qk_norm": "head"},
                                        {"norm_position": "mix", "norm_scaling": "depth", "norm_type": "layernorm"},
-                                       {"norm_position": "deepnorm", "norm_type": "batchnorm"}])
+                                       {"norm_position": "deepnorm", "norm_type": "batchnorm"},
+                                       placed("hybrid_star", sub_norm=True, embed_norm="norm", norm_gain="one_plus_w"),
+                                       {"embed_norm": "scale", "norm_type": "layernorm", "norm_gain": "one_plus_w"}])
 def test_save_load_round_trip(tmp_path, overrides):
     model = tiny_model(**overrides)
     model.save_pretrained(tmp_path)
