@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.model_minimind import Attention
+from tests.test_norm_plan import assert_bf16_autocast_trains
 from trainer.diagnostics import attention_sink_mass, excess_kurtosis, layer_stats
 
 TINY = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3)
@@ -189,12 +190,7 @@ def test_sinks_learn_and_gates_and_sinks_are_not_norms():
 def test_bf16_autocast_forward_backward_with_gates_and_sinks():
     """Under autocast the sinks' float mask takes the queries' dtype (SDPA requires it); the sinks still learn."""
     model = tiny_model(attn_sinks=True, attn_gate="elementwise").train()
-    x = ids()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model(x[:, :-1], shift_labels=x[:, 1:])
-    out.loss.backward()
-    assert torch.isfinite(out.loss)
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert_bf16_autocast_trains(model)
     assert all(layer.self_attn.sinks.grad.abs().max() > 0 for layer in model.model.layers)
 
 

@@ -8,7 +8,15 @@ import torch
 
 import model.model_minimind as mm
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms
-from tests.test_norm_plan import FIXTURES, TINY, docstring_counts, ids, placed, tiny_model
+from tests.test_norm_plan import (
+    FIXTURES,
+    TINY,
+    assert_bf16_autocast_trains,
+    docstring_counts,
+    ids,
+    placed,
+    tiny_model,
+)
 from trainer.optim import build_optimizer
 
 GAIN_TYPES = [name for name, kind in mm.NORM_TYPES.items() if kind.gain]
@@ -172,14 +180,8 @@ def test_configs_without_the_new_fields_load_as_before(tmp_path):
 
 @pytest.mark.parametrize("norm_type", GAIN_TYPES)
 def test_bf16_autocast_forward_backward_with_one_plus_w(norm_type):
-    model = tiny_model(norm_type=norm_type, norm_gain="one_plus_w", sub_norm=True, embed_norm="norm",
-                       **placed("hybrid")).train()
-    x = ids(seq=16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model(x[:, :-1], shift_labels=x[:, 1:])
-    out.loss.backward()
-    assert torch.isfinite(out.loss)
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert_bf16_autocast_trains(tiny_model(norm_type=norm_type, norm_gain="one_plus_w", sub_norm=True,
+                                           embed_norm="norm", **placed("hybrid")).train())
 
 
 @pytest.mark.parametrize("overrides,word", [
