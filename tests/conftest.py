@@ -42,11 +42,12 @@ def tiny_tokenizer(tiny_tokenizer_dir):
 
 
 # The tiny model the training tests share: 2 blocks of width 32, 32-token sequences in batches of 4, 2 batches per
-# evaluation. A test adds --out_dir and what it varies (a flag given again overrides: argparse keeps the last).
+# evaluation, and no layers.png (drawing it takes longer than training this model; tests/test_diagnostics.py
+# checks it). A test adds --out_dir and what it varies (a flag given again overrides: argparse keeps the last).
 # On the CPU: these tests assert CPU arithmetic (bitwise resume, fp32 tolerances); tests/test_cuda.py has the GPU's.
 TINY_MODEL_FLAGS = ["--device", "cpu", "--hidden_size", "32", "--num_hidden_layers", "2",
                     "--num_attention_heads", "2", "--num_key_value_heads", "1", "--max_seq_len", "32", "--batch_size", "4", "--eval_steps", "2",
-                    "--num_proc", "1"]
+                    "--num_proc", "1", "--no_layers_plot"]
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +59,12 @@ def tiny_model_flags() -> list[str]:
 def tiny_flags(tiny_corpus, tiny_tokenizer_dir, tiny_model_flags) -> list[str]:
     """Trainer flags for the tiny model on tiny_corpus with the tiny tokenizer."""
     return ["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, *tiny_model_flags]
+
+
+@pytest.fixture(scope="session")
+def tiny_flags_drawing_layers(tiny_flags) -> list[str]:
+    """tiny_flags for a test that looks at layers.png."""
+    return [flag for flag in tiny_flags if flag != "--no_layers_plot"]
 
 
 @pytest.fixture(scope="session")
@@ -73,3 +80,13 @@ def trained_run(tmp_path_factory, tiny_flags) -> Path:
         train(parse_args([*tiny_flags, "--out_dir", str(out), "--max_steps", "40", "--log_interval", "5",
                           "--eval_interval", "20", "--learning_rate", "1e-2", "--warmup_steps", "5"]))
     return out
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """For a test that compiles: Dynamo's caches are cleared after it, so the compiled code of one test never
+    counts toward another's recompile limit or graph counts."""
+    import torch._dynamo
+
+    yield
+    torch._dynamo.reset()

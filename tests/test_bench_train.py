@@ -1,25 +1,21 @@
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from common.cli import run_cli
 from scripts import bench_train
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_train.py"
 TINY = ["--device", "cpu", "--hidden_size", "32", "--num_hidden_layers", "1", "--batch_size", "1", "--seq_len", "16", "--steps", "1",
         "--rounds", "2"]
 ROW = re.compile(r"^(minimind|llama)\s+(eager|compiled)\s+(\d+)\s+([\d.]+)\s+(\S+)\s+(\S+)$", re.M)
 
 
-def bench(*flags: str) -> str:
-    result = subprocess.run([sys.executable, str(SCRIPT), *TINY, *flags], capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout
+def bench(capsys, *flags: str) -> str:
+    """What the script prints to stdout, run in this process."""
+    capsys.readouterr()
+    bench_train.main([*TINY, *flags])
+    return capsys.readouterr().out
 
 
 def check_rows(out: str, modes: list[str]) -> None:
@@ -35,8 +31,8 @@ def check_rows(out: str, modes: list[str]) -> None:
         assert (row[4] == "-") == (mode == "eager")
 
 
-def test_bench_train_eager_rows_and_their_ratio(tmp_path):
-    out = bench("--modes", "eager", "--json", str(tmp_path / "bench.json"))
+def test_bench_train_eager_rows_and_their_ratio(tmp_path, capsys):
+    out = bench(capsys, "--modes", "eager", "--json", str(tmp_path / "bench.json"))
     check_rows(out, ["eager"])
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["environment"]["threads"] >= 1 and data["environment"]["device"]
@@ -46,8 +42,8 @@ def test_bench_train_eager_rows_and_their_ratio(tmp_path):
 
 
 @pytest.mark.slow  # inductor compiles both models
-def test_bench_train_compiled_rows_report_compile_time():
-    out = bench()
+def test_bench_train_compiled_rows_report_compile_time(capsys, fresh_dynamo):
+    out = bench(capsys)
     check_rows(out, ["eager", "compiled"])
     compile_s = [float(m[4]) for m in ROW.findall(out) if m[1] == "compiled"]
     assert all(s > 0 for s in compile_s)

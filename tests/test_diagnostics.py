@@ -146,10 +146,10 @@ def test_layer_stats_between_steps_do_not_retrace_a_compiled_model():
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_trainer_logs_every_diagnostic_per_layer(tmp_path, tiny_flags, monkeypatch):
+def test_trainer_logs_every_diagnostic_per_layer(tmp_path, tiny_flags_drawing_layers, monkeypatch):
     monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
     args: Namespace = parse_args([
-        *tiny_flags, "--num_hidden_layers", "3", "--max_seq_len", "16", "--batch_size", "2", "--eval_steps", "1",
+        *tiny_flags_drawing_layers, "--num_hidden_layers", "3", "--max_seq_len", "16", "--batch_size", "2", "--eval_steps", "1",
         "--max_steps", "4", "--log_interval", "2", "--eval_interval", "4", "--out_dir", str(tmp_path / "run")])
     assert not train(args)["diverged"]
     logged = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["split"] == "train"]

@@ -3,9 +3,6 @@ the two norm scripts end to end."""
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +12,6 @@ import model.rmsnorm_kernels as kernels
 from common.cli import run_cli
 from model.model_minimind import RMSNorm
 from scripts import bench_norms, why_normalization
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 EPS = 1e-5
 # (input dtype, weight dtype): float32 and half-precision models, and autocast's bf16 activations with the
@@ -179,28 +174,12 @@ def test_torch_compile_matches_eager(affine):
 # The scripts, at tiny sizes
 
 
-def run_script(*args: str) -> str:
-    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 @pytest.mark.slow  # its rmsnorm_compiled rows are inductor compiles
-def test_bench_norms_script(tmp_path):
+def test_bench_norms_script(tmp_path, capsys, fresh_dynamo):
     ops = ["rmsnorm_eager", "F.rms_norm", "hand-written", "layernorm", "rmsnorm_compiled", "model.RMSNorm", "copy"]
-    out = run_script(
-        str(SCRIPTS / "bench_norms.py"),
-        "--tokens",
-        "64",
-        "--hidden",
-        "32",
-        "--iters",
-        "5",
-        "--device",
-        "cpu",
-        "--json",
-        str(tmp_path / "bench.json"),
-    )
+    bench_norms.main(["--tokens", "64", "--hidden", "32", "--iters", "5", "--device", "cpu",
+                      "--json", str(tmp_path / "bench.json")])
+    out = capsys.readouterr().out
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("op "))
     for col in ["dtype", "fwd ms", "fwd+bwd ms", "fwd GB/s", "f+b GB/s", "fwd/LN", "f+b/LN", "fwd/eager"]:

@@ -165,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--keep_checkpoints", type=int, default=2,
                      help="how many of the newest checkpoints to keep (earlier ones are what --resume falls back "
                           "to when the newest is damaged)")
+    run.add_argument("--no_layers_plot", action="store_true",
+                     help="skip layers.png, the per-layer figure drawn at the end of a run (about a second of "
+                          "matplotlib on a CPU, more than a tiny run's training)")
     run.add_argument("--num_proc", type=int, default=None, help="processes for tokenizing the corpus")
     run.add_argument("--dist_timeout", type=float, default=30,
                      help="minutes a process waits for the others under torchrun (a collective, or local rank 0 "
@@ -198,7 +201,8 @@ FLAG_ROLES = {
     "out_dir": BOOKKEEPING, "device": ADJUSTABLE, "dtype": ADJUSTABLE, "compile": ADJUSTABLE, "seed": FIXED,
     "log_interval": ADJUSTABLE, "diag_interval": ADJUSTABLE, "eval_interval": ADJUSTABLE, "eval_steps": ADJUSTABLE,
     "save_interval": ADJUSTABLE,
-    "resume": BOOKKEEPING, "overwrite": BOOKKEEPING, "keep_checkpoints": BOOKKEEPING, "num_proc": BOOKKEEPING,
+    "resume": BOOKKEEPING, "overwrite": BOOKKEEPING, "keep_checkpoints": BOOKKEEPING, "no_layers_plot": BOOKKEEPING,
+    "num_proc": BOOKKEEPING,
     "dist_timeout": BOOKKEEPING,
     "use_wandb": BOOKKEEPING, "wandb_project": BOOKKEEPING, "wandb_run_name": BOOKKEEPING, "wandb_group": BOOKKEEPING,
 }

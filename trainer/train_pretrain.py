@@ -560,7 +560,7 @@ def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting
     train_records = [r for r in records if r["split"] == "train"]
     # A resumed run that evaluated nothing since (or only finished its summary) reports the last evaluation.
     last_val = state.last_val or next((r for r in reversed(records) if r["split"] == "val"), None)
-    if train_records:
+    if train_records and not args.no_layers_plot:
         figure = out_dir / "layers.png"
         plot_layer_profiles({tracker.run.name if tracker.run else out_dir.name: records}, figure)
         tracker.log_figure("layers", figure, step)
