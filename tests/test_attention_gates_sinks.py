@@ -13,27 +13,13 @@ from transformers import AutoModelForCausalLM
 
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.model_minimind import Attention
-from tests.test_norm_plan import assert_bf16_autocast_trains
+from tests.tiny import TINY, assert_bf16_autocast_trains, ids, tiny_model
 from trainer.diagnostics import attention_sink_mass, excess_kurtosis, layer_stats
 
-TINY = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3)
 H, KV, D = 4, 2, 16
+LAYERS = TINY["num_hidden_layers"]
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints_v1"
 GATE_WIDTH = {"headwise": 1, "elementwise": D}
-
-
-def tiny_model(seed=0, **overrides):
-    """Every weight off its initial value, the sinks spread around 0, so a misplaced one would show."""
-    torch.manual_seed(seed)
-    model = MiniMindForCausalLM(MiniMindConfig(**{**TINY, **overrides})).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * (1.0 if name.endswith("sinks") else 0.2 if "norm" in name else 0.02))
-    return model
-
-
-def ids(batch=2, seq=12, seed=1):
-    return torch.randint(0, TINY["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -101,7 +87,7 @@ def test_gate_and_sink_shapes_and_names():
     assert [w[g]["model.layers.0.self_attn.q_proj.weight"].shape[0] for g in w] == [H * D, H * (D + 1), 2 * H * D]
     assert w["none"]["model.layers.2.self_attn.sinks"].shape == (H,)
     plain = set(MiniMindForCausalLM(MiniMindConfig(**TINY)).state_dict())
-    assert set(w["elementwise"]) - plain == {f"model.layers.{i}.self_attn.sinks" for i in range(3)}
+    assert set(w["elementwise"]) - plain == {f"model.layers.{i}.self_attn.sinks" for i in range(LAYERS)}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -182,7 +168,7 @@ def test_sinks_learn_and_gates_and_sinks_are_not_norms():
     x = ids()
     model(x[:, :-1], shift_labels=x[:, 1:]).loss.backward()
     assert all(layer.self_attn.sinks.grad.abs().min() > 0 for layer in model.model.layers)
-    assert count_norms(model) == count_norms(MiniMindForCausalLM(MiniMindConfig(**TINY))) == 7
+    assert count_norms(model) == count_norms(MiniMindForCausalLM(MiniMindConfig(**TINY))) == 2 * LAYERS + 1  # two per block, the final one
     assert norm_variant(model.config) == "pre+gate+sinks-rmsnorm"
     assert norm_variant(MiniMindConfig(**TINY, attn_gate="headwise")) == "pre+gate_head-rmsnorm"
 
@@ -258,7 +244,7 @@ def test_layer_stats_match_a_direct_computation_with_gates_and_sinks():
     w = model.state_dict()
     with torch.no_grad():
         hidden = model(x, output_hidden_states=True).hidden_states
-        for i in range(3):
+        for i in range(LAYERS):
             p = f"model.layers.{i}."
             h = rmsnorm(hidden[i], w[p + "input_layernorm.weight"])
             q = (h @ w[p + "self_attn.q_proj.weight"].T).view(2, 12, H, 2 * D)[..., :D]  # the gate half dropped

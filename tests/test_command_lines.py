@@ -7,10 +7,9 @@ import sys
 from pathlib import Path
 
 from model import MiniMindConfig, MiniMindForCausalLM
+from tests.tiny import TINY
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = {"vocab_size": 400, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "num_key_value_heads": 1}
 
 
 def test_bad_input_is_one_error_line_from_every_command(tmp_path):

@@ -8,16 +8,9 @@ from transformers import AutoModelForCausalLM
 
 from model import NORM_POSITIONS, NORM_TYPES, MiniMindConfig, MiniMindForCausalLM, count_norms
 from model.model_minimind import QKV_PLACEMENTS, RMSNorm
+from tests.tiny import TINY, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
-
-TINY = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3)
-
-
-def tiny_model(seed=0, **overrides):
-    torch.manual_seed(seed)
-    return MiniMindForCausalLM(MiniMindConfig(**{**TINY, **overrides})).eval()
-
 
 def test_default_is_minimind2_small():
     cfg = MiniMindConfig()

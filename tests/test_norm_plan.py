@@ -23,32 +23,15 @@ import model.model_minimind as mm
 from common.cli import UserError
 from model import NORM_POSITIONS, NORM_TYPES, QK_NORMS, MiniMindConfig, MiniMindForCausalLM, count_norms
 from model.model_minimind import QKV_PLACEMENTS
+from tests.tiny import TINY, assert_bf16_autocast_trains, ids, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERT = str(REPO / "scripts" / "convert_to_hf.py")
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints_v1"
-TINY = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4)
-
-
-def tiny_model(seed=0, perturb=True, **overrides):
-    """A tiny model whose every parameter is off its initial value, so a misplaced weight would show."""
-    torch.manual_seed(seed)
-    model = MiniMindForCausalLM(MiniMindConfig(**{**TINY, **overrides})).eval()
-    if perturb:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.add_(torch.randn_like(p) * (0.2 if "norm" in name else 0.01))
-    return model
-
-
 def placed(position, **overrides):
     """Config fields for a placement; HybridNorm's placements come with the QKV-norm they require."""
     qkv = {"qk_norm": "head", "v_norm": "head"} if position in QKV_PLACEMENTS else {}
     return {"norm_position": position, **overrides, **qkv}
-
-
-def ids(batch=2, seq=12, seed=1):
-    return torch.randint(0, TINY["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -378,16 +361,6 @@ def test_kv_cache_matches_full_forward(overrides):
             out = model(x[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
-
-
-def assert_bf16_autocast_trains(model):
-    """A bf16-autocast forward and backward gives a finite loss and a finite gradient for every parameter."""
-    x = ids(seq=16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model(x[:, :-1], shift_labels=x[:, 1:])
-    out.loss.backward()
-    assert torch.isfinite(out.loss)
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
 @pytest.mark.parametrize("position", NORM_POSITIONS)

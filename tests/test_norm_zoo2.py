@@ -8,15 +8,8 @@ import torch
 
 import model.model_minimind as mm
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms
-from tests.test_norm_plan import (
-    FIXTURES,
-    TINY,
-    assert_bf16_autocast_trains,
-    docstring_counts,
-    ids,
-    placed,
-    tiny_model,
-)
+from tests.test_norm_plan import FIXTURES, docstring_counts, placed
+from tests.tiny import TINY, assert_bf16_autocast_trains, ids, tiny_model
 from trainer.optim import build_optimizer
 
 GAIN_TYPES = [name for name, kind in mm.NORM_TYPES.items() if kind.gain]

@@ -1,0 +1,35 @@
+"""The tiny model the model-level tests share (test_model, test_norm_plan, test_norm_zoo2,
+test_attention_gates_sinks): its config, an instance with every weight moved off its initial value, token ids and
+the bf16-autocast check. The training tests' tiny model is a set of trainer flags, in conftest.py."""
+
+import torch
+
+from model import MiniMindConfig, MiniMindForCausalLM
+
+TINY = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4)
+
+
+def tiny_model(seed=0, perturb=True, **overrides) -> MiniMindForCausalLM:
+    """A tiny model in eval mode. perturbed: every parameter off its initial value (norm gains by 0.2, attention
+    sinks, which start at 0, by 1.0, the rest by 0.01), so a misplaced or ignored weight would show."""
+    torch.manual_seed(seed)
+    model = MiniMindForCausalLM(MiniMindConfig(**{**TINY, **overrides})).eval()
+    if perturb:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.add_(torch.randn_like(p) * (1.0 if name.endswith("sinks") else 0.2 if "norm" in name else 0.01))
+    return model
+
+
+def ids(batch=2, seq=12, seed=1) -> torch.Tensor:
+    return torch.randint(0, TINY["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_bf16_autocast_trains(model) -> None:
+    """A bf16-autocast forward and backward gives a finite loss and a finite gradient for every parameter."""
+    x = ids(seq=16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x[:, :-1], shift_labels=x[:, 1:])
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
