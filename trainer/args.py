@@ -202,8 +202,7 @@ FLAG_ROLES = {
     "log_interval": ADJUSTABLE, "diag_interval": ADJUSTABLE, "eval_interval": ADJUSTABLE, "eval_steps": ADJUSTABLE,
     "save_interval": ADJUSTABLE,
     "resume": BOOKKEEPING, "overwrite": BOOKKEEPING, "keep_checkpoints": BOOKKEEPING, "no_layers_plot": BOOKKEEPING,
-    "num_proc": BOOKKEEPING,
-    "dist_timeout": BOOKKEEPING,
+    "num_proc": BOOKKEEPING, "dist_timeout": BOOKKEEPING,
     "use_wandb": BOOKKEEPING, "wandb_project": BOOKKEEPING, "wandb_run_name": BOOKKEEPING, "wandb_group": BOOKKEEPING,
 }
 # An architecture flag sets the model-config field of its name, except these.
