@@ -12,6 +12,7 @@ from tests.tiny import TINY, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 
+
 def test_default_is_minimind2_small():
     cfg = MiniMindConfig()
     model = MiniMindForCausalLM(cfg)

@@ -28,6 +28,8 @@ from tests.tiny import TINY, assert_bf16_autocast_trains, ids, tiny_model
 REPO = Path(__file__).resolve().parents[1]
 CONVERT = str(REPO / "scripts" / "convert_to_hf.py")
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints_v1"
+
+
 def placed(position, **overrides):
     """Config fields for a placement; HybridNorm's placements come with the QKV-norm they require."""
     qkv = {"qk_norm": "head", "v_norm": "head"} if position in QKV_PLACEMENTS else {}
