@@ -14,7 +14,8 @@ reused when the study is re-run with the same out_dir, so an interrupted study p
 
 With --tune_lr every (variant, depth) is compared at its own best peak learning rate: the first seed trains at
 each grid point, the lowest final validation loss among runs that neither diverged nor plateaued wins (the grid
-grows by one point past an edge that wins, at most twice), and only then do the other seeds train, at that lr.
+grows by one point past an edge that wins, or below its lowest lr when nothing trains, at most twice), and only
+then do the other seeds train, at that lr.
 The choice is written to tuning.json and lr_sensitivity.png; results.md compares the variants at their chosen lrs,
 with paired per-seed differences against --baseline (trainer/lr_tuning.py has the rules).
 """
@@ -262,7 +263,8 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
         plot_lr_sensitivity(tuning, out / "lr_sensitivity.png")
         text += ["## Each variant at its own best learning rate", "",
                  f"Learning rates tried with seed {study.seeds[0]}: {' '.join(f'{lr:g}' for lr in study.tune_lr)} "
-                 f"(the grid grows by ×2 or ÷2 past an edge that wins, at most {lr_tuning.MAX_EXTENSIONS} times; "
+                 f"(the grid grows by ×2 or ÷2 past an edge that wins, or ÷2 below it when no lr trains, at most "
+                 f"{lr_tuning.MAX_EXTENSIONS} times; "
                  "'(edge)' marks a choice still at the edge). The chosen lr has the lowest final validation loss among runs "
                  "that neither diverged nor plateaued; the other seeds trained at it only. Δ is the variant's "
                  f"final validation loss minus {study.baseline}'s on the same seed (same initialization seed and "
@@ -332,8 +334,9 @@ def tuning_point(lr: float, run: dict, unigram: float) -> lr_tuning.Point:
 
 
 def tune_study(study, base) -> tuple[dict[tuple, list[dict]], list[dict]]:
-    """--tune_lr: per (variant, depth), the lr grid with the first seed (grown past a winning edge), then the
-    other seeds at the chosen lr only. Returns the runs at each chosen lr and the tuning record."""
+    """--tune_lr: per (variant, depth), the lr grid with the first seed (grown past a winning edge, or downwards
+    when nothing trains), then the other seeds at the chosen lr only. Returns the runs at each chosen lr and the
+    tuning record."""
     unigram = unigram_loss(base)
     warmup = study.warmup_steps[0]
     first, *others = study.seeds
@@ -352,15 +355,18 @@ def tune_study(study, base) -> tuple[dict[tuple, list[dict]], list[dict]]:
                 if new is None:
                     break
                 if extension == lr_tuning.MAX_EXTENSIONS:
-                    print(f"{variant} L{depth}: the best lr, {chosen:g}, is still at the edge of the grid after "
-                          f"{lr_tuning.MAX_EXTENSIONS} extensions; it is kept, but a better one may lie outside")
+                    if chosen is not None:
+                        print(f"{variant} L{depth}: the best lr, {chosen:g}, is still at the edge of the grid after "
+                              f"{lr_tuning.MAX_EXTENSIONS} extensions; it is kept, but a better one may lie outside")
                     break
-                print(f"{variant} L{depth}: the best lr, {chosen:g}, is at the edge of the grid; adding {new:g} "
-                      f"(extension {extension + 1} of {lr_tuning.MAX_EXTENSIONS})")
+                why = (f"the best lr, {chosen:g}, is at the edge of the grid" if chosen is not None
+                       else "no lr of the grid trained without diverging or plateauing")
+                print(f"{variant} L{depth}: {why}; adding {new:g} (extension {extension + 1} of "
+                      f"{lr_tuning.MAX_EXTENSIONS})")
                 lrs = sorted([*lrs, new])
             tuning.append({"variant": variant, "depth": depth, "learning_rates": lrs,
                            "val_losses": [p.val_loss for p in points], "usable": [p.usable for p in points],
-                           "chosen_lr": chosen, "at_edge": new is not None,
+                           "chosen_lr": chosen, "at_edge": chosen is not None and new is not None,
                            "usable_range": lr_tuning.usable_range(points)})
             if chosen is None:
                 print(f"{variant} L{depth}: no lr of {', '.join(f'{lr:g}' for lr in lrs)} trained without "

@@ -292,3 +292,29 @@ def test_speed_columns_leave_out_runs_without_a_timed_step():
     table = run_ablation.results_table({("pre-rmsnorm", 2, 1e-3, 10): runs}, grid=False)
     assert "| 100 | 0.500 |" in table
     assert "| — | — |" in run_ablation.results_table({("pre-rmsnorm", 2, 1e-3, 10): runs[:1]}, grid=False)
+
+
+def test_a_variant_that_trains_at_no_lr_grows_its_grid_downwards_and_trains_no_other_seed(monkeypatch, capsys):
+    """The tuning loop on stand-in runs: every run of post-rmsnorm collapses, pre-rmsnorm's best is inside."""
+    trained = []
+
+    def fake_run(base, study, variant, depth, lr, warmup, seed):
+        trained.append((variant, lr, seed))
+        return {"variant": variant, "lr": lr, "seed": seed, "val_loss": 4.0 + abs(math.log2(lr / 2e-3))}
+    monkeypatch.setattr(run_ablation, "train_or_reuse", fake_run)
+    monkeypatch.setattr(run_ablation, "unigram_loss", lambda base: 6.0)
+    monkeypatch.setattr(run_ablation, "tuning_point", lambda lr, run, unigram: run_ablation.lr_tuning.Point(
+        lr, run["val_loss"], run["variant"] != "post-rmsnorm"))
+    study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1",
+                                           "--tune_lr", "1e-3", "2e-3", "4e-3"])
+    groups, tuning = run_ablation.tune_study(study, base)
+    pre, post = tuning
+    assert pre["chosen_lr"] == 2e-3 and pre["learning_rates"] == [1e-3, 2e-3, 4e-3] and not pre["at_edge"]
+    assert post["chosen_lr"] is None and not post["at_edge"]
+    assert post["learning_rates"] == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]  # two halvings below the grid, no more
+    assert [lr for v, lr, s in trained if v == "post-rmsnorm"] == [1e-3, 2e-3, 4e-3, 5e-4, 2.5e-4]
+    assert [(v, lr) for v, lr, s in trained if s == 1] == [("pre-rmsnorm", 2e-3)]
+    assert list(groups) == [("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0])]
+    out = capsys.readouterr().out
+    assert "post-rmsnorm L8: no lr of the grid trained without diverging or plateauing; adding 0.0005" in out
+    assert "still at the edge" not in out

@@ -24,8 +24,13 @@ def test_a_winner_at_an_edge_grows_the_grid_by_a_factor_of_two():
     assert edge_extension(grid, 1e-3) == 5e-4
     assert edge_extension(grid, 4e-3) == 8e-3
     assert edge_extension(grid, 2e-3) is None
-    assert edge_extension(grid, None) is None
     assert edge_extension([1e-3], 1e-3) is None  # a single point has no direction to grow in
+
+
+def test_a_grid_where_nothing_trains_grows_downwards():
+    assert edge_extension([1e-3, 2e-3, 4e-3], None) == 5e-4
+    assert edge_extension([5e-4, 1e-3, 2e-3, 4e-3], None) == 2.5e-4
+    assert edge_extension([1e-3], None) is None
 
 
 def test_usable_range_is_every_usable_point_within_the_margin_of_the_best():

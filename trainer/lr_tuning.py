@@ -36,12 +36,14 @@ def choose_lr(points: list[Point]) -> float | None:
 
 
 def edge_extension(lrs: list[float], chosen: float | None) -> float | None:
-    """The lr to add when the chosen one sits at an edge of the grid (÷2 below the lowest, ×2 above the highest);
-    None when it lies inside, or nothing was chosen."""
-    if chosen is None or len(lrs) < 2:
+    """The lr to add when the chosen one sits at an edge of the grid (÷2 below the lowest, ×2 above the highest),
+    or below the lowest when nothing was chosen: divergence and Post-Norm's collapse to the unigram loss are what
+    an lr above a variant's ceiling does, so a grid where nothing trains looks lower. None when the choice lies
+    inside the grid."""
+    if len(lrs) < 2:
         return None
-    if chosen == min(lrs):
-        return chosen / EDGE_FACTOR
+    if chosen is None or chosen == min(lrs):
+        return min(lrs) / EDGE_FACTOR
     if chosen == max(lrs):
         return chosen * EDGE_FACTOR
     return None
