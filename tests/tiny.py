@@ -1,6 +1,9 @@
 """The tiny model the model-level tests share (test_model, test_norm_plan, test_norm_zoo2,
 test_attention_gates_sinks): its config, an instance with every weight moved off its initial value, token ids and
-the bf16-autocast check. The training tests' tiny model is a set of trainer flags, in conftest.py."""
+the bf16-autocast check; the checkpoints saved by the first release and how their logits are compared. The
+training tests' tiny model is a set of trainer flags, in conftest.py."""
+
+from pathlib import Path
 
 import torch
 
@@ -19,6 +22,17 @@ def tiny_model(seed=0, perturb=True, **overrides) -> MiniMindForCausalLM:
             for name, p in model.named_parameters():
                 p.add_(torch.randn_like(p) * (1.0 if name.endswith("sinks") else 0.2 if "norm" in name else 0.01))
     return model
+
+
+# Checkpoints saved by the model's first release (pre/post x every norm type), each with the logits it gave then.
+FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints_v1"
+
+
+def assert_saved_logits(actual: torch.Tensor, saved: torch.Tensor) -> None:
+    """The logits a fixture recorded, up to the rounding of the CPU the test runs on. Other matmul kernels (AVX2,
+    AVX-512, AMX) differ from the recording CPU's by up to 5e-7 on these logits (|x| <= 2), while a real change to
+    the model, even dividing RMSNorm's or LayerNorm's eps by 10, moves them by 5e-5 or more."""
+    torch.testing.assert_close(actual, saved, rtol=2e-6, atol=1e-6)
 
 
 def ids(batch=2, seq=12, seed=1) -> torch.Tensor:
