@@ -318,3 +318,26 @@ def test_a_variant_that_trains_at_no_lr_grows_its_grid_downwards_and_trains_no_o
     out = capsys.readouterr().out
     assert "post-rmsnorm L8: no lr of the grid trained without diverging or plateauing; adding 0.0005" in out
     assert "still at the edge" not in out
+
+
+def test_a_study_of_many_variants_draws_no_two_lines_alike(tmp_path, monkeypatch):
+    """17 variants (the fair study at 8 layers) are more than matplotlib's ten colours: colour and dash together
+    tell every line apart, in the lr-sensitivity figure and the loss curves."""
+    from matplotlib.figure import Figure
+    styles = []
+
+    def record(fig, path, **kwargs):
+        styles.append({(line.get_label(), line.get_color(), line.get_linestyle())
+                       for ax in fig.axes for line in ax.get_lines() if not line.get_label().startswith("_")})
+    monkeypatch.setattr(Figure, "savefig", record)
+    names = [f"variant{i}" for i in range(17)]
+    tuning = [{"variant": name, "depth": 8, "learning_rates": [1e-3, 2e-3], "val_losses": [4.0, None],
+               "usable": [True, False], "chosen_lr": 1e-3} for name in names]
+    run_ablation.plot_lr_sensitivity(tuning, tmp_path / "lr.png")
+    curve = [{"split": split, "step": step, "train_time_s": step, "loss": 5.0 - step}
+             for step in (1, 2) for split in ("train", "val")]
+    run_ablation.plot_loss_curves({name: [curve] for name in names}, tmp_path / "loss.png")
+    assert len(styles) == 2
+    for drawn in styles:
+        variants = {(color, ls) for label, color, ls in drawn if label in names}
+        assert len(variants) == len(names), drawn

@@ -18,6 +18,12 @@ LAYER_PANELS = (
 )
 
 
+def line_style(index: int) -> dict:
+    """Colour and dash of a figure's index-th line: the ten default colours, then the same colours dashed, then
+    dotted, so a study of 17 variants has no two lines alike in its legend."""
+    return {"color": f"C{index % 10}", "ls": ("-", "--", ":", "-.")[index // 10 % 4]}
+
+
 def pyplot():
     """matplotlib's pyplot, imported on the first figure (it takes seconds) and drawing to files only."""
     import matplotlib
@@ -36,10 +42,10 @@ def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
     from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(3, 3, figsize=(14, 10.5))
     for ax, (key, title, scale) in zip(axes.flat, LAYER_PANELS, strict=False):
-        for name, records in runs.items():
+        for index, (name, records) in enumerate(runs.items()):
             last = next((r[key] for r in reversed(records) if r["split"] == "train" and r.get(key) is not None), None)
             if last is not None:
-                ax.plot(np.arange(len(last)), last, marker="o", label=name)
+                ax.plot(np.arange(len(last)), last, marker="o", label=name, **line_style(index))
         ax.set(title=title, xlabel="block", yscale=scale)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -51,7 +57,7 @@ def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
     plt.close(fig)
 
 
-def _band(ax, runs: list[list[dict]], split: str, x_key: str, label: str) -> None:
+def _band(ax, runs: list[list[dict]], split: str, x_key: str, label: str, style: dict) -> None:
     """Mean over seeds with a min-max band; runs are aligned on step (same schedule), x from the first seed."""
     curves = [[r for r in recs if r["split"] == split and np.isfinite(r["loss"])] for recs in runs]
     n = min(len(c) for c in curves)
@@ -59,9 +65,9 @@ def _band(ax, runs: list[list[dict]], split: str, x_key: str, label: str) -> Non
         return
     losses = np.array([[r["loss"] for r in c[:n]] for c in curves])
     x = np.mean([[r[x_key] for r in c[:n]] for c in curves], axis=0)
-    (line,) = ax.plot(x, losses.mean(0), label=label)
+    ax.plot(x, losses.mean(0), label=label, **style)
     if len(curves) > 1:
-        ax.fill_between(x, losses.min(0), losses.max(0), color=line.get_color(), alpha=0.2)
+        ax.fill_between(x, losses.min(0), losses.max(0), color=style["color"], alpha=0.2)
 
 
 def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
@@ -71,8 +77,8 @@ def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
     for (row, split), (col, x_key) in ((rs, xc) for rs in enumerate(("train", "val"))
                                        for xc in enumerate(("step", "train_time_s"))):
         ax = axes[row][col]
-        for name, runs in variants.items():
-            _band(ax, runs, split, x_key, name)
+        for index, (name, runs) in enumerate(variants.items()):
+            _band(ax, runs, split, x_key, name, line_style(index))
         ax.set(xlabel="step" if x_key == "step" else "training time (s)", ylabel=f"{split} loss")
         ax.grid(alpha=0.3)
     for row in axes:
@@ -120,8 +126,9 @@ def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigr
         x = [d for d, _, _ in kept]
         mean = np.array([v.mean() for _, v, _ in kept])
         low, high = np.array([v.min() for _, v, _ in kept]), np.array([v.max() for _, v, _ in kept])
-        bars = ax.errorbar(x, mean, yerr=[mean - low, high - mean], marker="o", capsize=3, label=name)
-        color = bars.lines[0].get_color()
+        style = line_style(index)
+        ax.errorbar(x, mean, yerr=[mean - low, high - mean], marker="o", capsize=3, label=name, **style)
+        color = style["color"]
         for (d, _, runs), m in zip(kept, mean, strict=True):
             if any(r["plateaued"] for r in runs):
                 ax.plot(d, m, marker="o", ms=15, mfc="none", mew=1.5, color=color)
@@ -154,12 +161,13 @@ def plot_lr_sensitivity(tuning: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(depths), figsize=(6.5 * len(depths) + 3, 4.5), squeeze=False)
     for ax, depth in zip(axes[0], depths, strict=True):
         top = ax.get_xaxis_transform()
-        for t in (t for t in tuning if t["depth"] == depth):
+        for index, t in enumerate(t for t in tuning if t["depth"] == depth):
             lrs, losses = np.array(t["learning_rates"]), t["val_losses"]
             finite = np.array([v is not None for v in losses])
             y = np.array([np.nan if v is None else v for v in losses])
-            (line,) = ax.plot(lrs[finite], y[finite], marker="o", label=t["variant"])
-            color = line.get_color()
+            style = line_style(index)
+            ax.plot(lrs[finite], y[finite], marker="o", label=t["variant"], **style)
+            color = style["color"]
             for lr, loss, usable in zip(lrs, y, t["usable"], strict=True):
                 if np.isnan(loss):
                     ax.plot(lr, 0.98, marker="x", ms=9, mew=2, color=color, transform=top, clip_on=False)
