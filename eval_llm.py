@@ -18,11 +18,17 @@ training every document started right after one. A prompt too long to leave room
 model's context (max_position_embeddings) is cut from the left, keeping its last tokens, with a one-line
 warning. Without --prompt, an interactive terminal is asked for prompts until an empty line, EOF or Ctrl-C;
 otherwise the default Shakespeare prompts are used. With --eval_data and no --prompt a single model is only
-evaluated; --compare always generates (the default prompts unless --prompt is given).
+evaluated; --compare always generates (the default prompts unless --prompt is given). Bytes of a prompt that
+are not UTF-8 are read as U+FFFD, with a warning.
+
+--compare leaves out, with a warning, a directory it cannot load (e.g. a run that diverged before its first
+checkpoint) and goes on with the others; the exit status is 2 only when none of them loads.
 """
 
 import argparse
 import math
+import os
+import signal
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -72,6 +78,7 @@ class Result:
     variant: str
     continuations: list[str]
     metrics: dict | None = None
+    error: str | None = None  # why it could not be loaded; then it has no continuations or metrics
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -165,8 +172,23 @@ def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(), s
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
+def utf8_prompt(prompt: str) -> str:
+    """The prompt with bytes that are not UTF-8 replaced by U+FFFD, with a warning. Python hands such bytes over
+    (from the command line, or a terminal read with surrogateescape) as lone surrogates, which no tokenizer
+    encodes."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        repaired = prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        print(f"warning: prompt {repaired!r} is not valid UTF-8; its undecodable bytes are read as U+FFFD",
+              file=sys.stderr)
+        return repaired
+    return prompt
+
+
 def read_prompts():
     """Prompts typed at the terminal, until an empty line, EOF (Ctrl-D) or Ctrl-C."""
+    sys.stdin.reconfigure(errors="surrogateescape")  # a line that is not UTF-8 reaches utf8_prompt, not a traceback
     while True:
         try:
             prompt = input("prompt> ")
@@ -175,7 +197,7 @@ def read_prompts():
             return
         if not prompt:
             return
-        yield prompt
+        yield utf8_prompt(prompt)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -218,7 +240,9 @@ def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu", token
             eval_kwargs: dict | None = None) -> list[Result]:
     """Every prompt through every checkpoint with the same seed, plus evaluate_split(**eval_kwargs) if given.
 
-    Checkpoints are loaded one at a time, so a long list of them never has to fit in memory together.
+    Checkpoints are loaded one at a time, so a long list of them never has to fit in memory together. One that
+    cannot be loaded (a run that diverged before its first save has none) is named in a warning and kept as a
+    Result with its error, so a study's other runs are still compared; a UserError when none loads.
     """
     names = [display_name(p) for p in paths]
     if len(set(names)) < len(names):  # e.g. a/seed0 and b/seed0: only the full paths tell them apart
@@ -226,10 +250,18 @@ def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu", token
     results = []
     for i, (path, name) in enumerate(zip(paths, names, strict=True), 1):
         print(f"[{i}/{len(paths)}] {name}", file=sys.stderr)
-        lm, tokenizer = load(path, tokenizer_path, device)
+        try:
+            lm, tokenizer = load(path, tokenizer_path, device)
+        except UserError as err:
+            print(f"warning: left out of the comparison: {err}", file=sys.stderr)
+            results.append(Result(name, "not loaded", [], error=str(err)))
+            continue
         continuations = [generate_text(lm, tokenizer, p, sampling) for p in prompts]
         metrics = evaluate_split(lm, tokenizer, **eval_kwargs) if eval_kwargs is not None else None
         results.append(Result(name, variant_of(lm.config), continuations, metrics))
+    if all(r.error for r in results):
+        raise UserError("nothing to compare: no model directory could be loaded (the warnings above say why); "
+                        "pass at least one that holds a checkpoint")
     return results
 
 
@@ -239,14 +271,16 @@ def format_comparison(prompts, results: list[Result]) -> str:
     for i, prompt in enumerate(prompts):
         lines = [f"=== prompt {i + 1} ===", prompt]
         for r in results:
-            lines += [f"--- {r.name} ({r.variant}) ---", r.continuations[i]]
+            if r.error is None:
+                lines += [f"--- {r.name} ({r.variant}) ---", r.continuations[i]]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
 
 def format_metrics_table(results: list[Result]) -> str:
     header = ("checkpoint", "variant", "loss", "ppl", "bpb")
-    rows = [header] + [(r.name, r.variant, f"{r.metrics['loss']:.4f}", f"{r.metrics['ppl']:.2f}",
+    rows = [header] + [(r.name, r.variant, "—", "—", "—") if r.error else
+                       (r.name, r.variant, f"{r.metrics['loss']:.4f}", f"{r.metrics['ppl']:.2f}",
                         f"{r.metrics['bpb']:.4f}") for r in results]
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
@@ -293,7 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--compare", nargs="+", default=None, metavar="DIR",
                    help="also run these model directories (after --model_path, if given) with the same prompts "
-                        "and seed; print the continuations side by side and, with --eval_data, one metrics table")
+                        "and seed; print the continuations side by side and, with --eval_data, one metrics table. "
+                        "A directory that cannot be loaded (e.g. a run without a checkpoint) is named in a warning "
+                        "and left out; the exit status is 2 only when none loads")
     return p
 
 
@@ -303,14 +339,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.model_path is None and not args.compare:
         raise UserError("give --model_path DIR, or --compare DIR [DIR ...] (see --help)")
     require_positive(args, ("max_new_tokens", "batch_size", "seq_len", "eval_batches"))
-    if args.temperature < 0:
-        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):  # nan would decode greedily, unnoticed
+        raise UserError(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise UserError(f"--top_p must be in (0, 1], got {args.top_p}")
     if args.top_k < 0:
         raise UserError(f"--top_k must be >= 0 (0 = off), got {args.top_k}")
-    if not args.repetition_penalty > 0:
-        raise UserError(f"--repetition_penalty must be > 0 (1 = off), got {args.repetition_penalty}")
+    if not (math.isfinite(args.repetition_penalty) and args.repetition_penalty > 0):
+        raise UserError(f"--repetition_penalty must be a finite number > 0 (1 = off), got {args.repetition_penalty}")
+    if args.prompt:
+        args.prompt = [utf8_prompt(p) for p in args.prompt]
     return args
 
 
@@ -347,4 +385,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    try:
+        run_cli(main)
+    except BrokenPipeError:  # stdout's reader went away (eval_llm.py ... | head): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
+        sys.exit(128 + signal.SIGPIPE)  # the status a shell reports for a tool that SIGPIPE ended

@@ -2,7 +2,7 @@
 flags each sets. norm_variant() in model_minimind.py names a config the same way; the ablation runner and
 scripts/signal_propagation.py take these names."""
 
-from model.model_minimind import NORM_POSITIONS, NORM_TYPES, QKV_PLACEMENTS
+from model.model_minimind import NORM_POSITIONS, NORM_TYPES, QKV_PLACEMENTS, MiniMindConfig
 
 # A placement names the values of the fields that decide where the norms go; fields it leaves out keep these.
 PLACEMENT_DEFAULTS = {"norm_position": "pre", "norm_scaling": "none", "qk_norm": "none", "v_norm": "none",
@@ -35,3 +35,16 @@ PLACEMENTS = {position: {"norm_position": position, **(QKV if position in QKV_PL
 # "<placement>-<norm>" -> the trainer flags it sets. Names are looked up here, never split on "-".
 VARIANTS = {f"{placement}-{norm}": {**PLACEMENT_DEFAULTS, **fields, "norm": norm}
             for placement, fields in PLACEMENTS.items() for norm in sorted(NORM_TYPES)}
+
+
+def variant_problem(name: str) -> str | None:
+    """Why the variant's fields make no model config, or None when they do. Not every placement pairs with every
+    norm: a placement that adds norms (hybrid, pre+qk_head, pre+sub, ...) needs a norm type, and a (1 + w) gain
+    needs a norm with a gain."""
+    fields = dict(VARIANTS[name])
+    norm = fields.pop("norm")  # the trainer's flag; the config calls it norm_type
+    try:
+        MiniMindConfig(**fields, norm_type=norm)
+    except ValueError as err:
+        return str(err)
+    return None

@@ -36,6 +36,7 @@ from common.cli import ArgumentParser, UserError, run_cli
 from common.environment import describe, environment
 from data import load_tokenizer, prepare_split
 from model import NORM_TYPES, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
+from model.variants import variant_problem
 from trainer import lr_tuning
 from trainer.args import build_parser, fill_device_defaults, flags_with, recorded_value, validate
 from trainer.checkpoint import find_checkpoints
@@ -44,6 +45,8 @@ from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 
 DEFAULT_VARIANTS = ["pre-rmsnorm", "pre-layernorm", "post-rmsnorm", "post-layernorm"]
+DEFAULT_BASELINE = "pre-rmsnorm"
+MAX_SEED = 2**32 - 1  # numpy's seed range: a run's seed also draws its batch order
 # Flags each run gets from the study, so passing them as trainer flags would be ignored or contradictory.
 SET_PER_RUN = ("--seed", "--resume", "--overwrite", *(f"--{field}" for field in ("norm", *PLACEMENT_DEFAULTS)))
 
@@ -57,9 +60,11 @@ def parse_args(argv=None):
     p = ArgumentParser(description=__doc__,
                        epilog="All other flags are trainer flags (see python trainer/train_pretrain.py --help).")
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
-                   help=f"<placement>-<norm> names, or 'all' for every combination; placements: "
+                   help=f"<placement>-<norm> names, or 'all' for every combination that makes a model (not, e.g., "
+                        f"hybrid-none: HybridNorm's q, k and v norms need a norm type); placements: "
                         f"{' '.join(PLACEMENTS)}; norms: {' '.join(sorted(NORM_TYPES))}")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0], help="each variant runs once per seed")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0],
+                   help=f"each variant runs once per seed, in [0, {MAX_SEED}]")
     p.add_argument("--depths", nargs="+", type=int, default=None,
                    help="depth study: numbers of blocks, one run per depth (default: the trainer's "
                         "--num_hidden_layers)")
@@ -70,16 +75,24 @@ def parse_args(argv=None):
     p.add_argument("--tune_lr", nargs="+", type=float, default=None, metavar="LR",
                    help="fair study: peak learning rates to sweep per variant and depth with the first seed; the "
                         "other seeds train only at the lr with the lowest final validation loss (see above)")
-    p.add_argument("--baseline", default="pre-rmsnorm",
-                   help="with --tune_lr: the variant every other one is compared with, seed by seed, at the same "
-                        "depth (it must be one of --variants for the comparison to appear)")
+    p.add_argument("--baseline", default=None,
+                   help=f"with --tune_lr: the variant every other one is compared with, seed by seed, at the same "
+                        f"depth; when given, one of --variants (default: {DEFAULT_BASELINE}, compared with when it "
+                        "is one of --variants)")
     p.add_argument("--out_dir", default="out/ablation", help="study folder: runs/, plots, results.md")
     own, rest = p.parse_known_args(argv)
-    variants = list(VARIANTS) if own.variants == ["all"] else own.variants
+    variants = [v for v in VARIANTS if not variant_problem(v)] if own.variants == ["all"] else own.variants
     for v in variants:
         if v not in VARIANTS:
             raise UserError(f"unknown variant {v!r}: a variant is <placement>-<norm> with placement one of "
                             f"{', '.join(PLACEMENTS)} and norm one of {', '.join(sorted(NORM_TYPES))}; or 'all'")
+        if problem := variant_problem(v):
+            raise UserError(f"variant {v!r} makes no model ({problem}); pair its placement with another norm "
+                            "('all' runs every variant that makes one)")
+    if own.baseline is not None and own.baseline not in variants:
+        raise UserError(f"--baseline {own.baseline!r} is not one of --variants; choose one of {', '.join(variants)}")
+    if bad := [s for s in own.seeds if not 0 <= s <= MAX_SEED]:
+        raise UserError(f"--seeds must be in [0, {MAX_SEED}] (numpy's seed range), got {' '.join(map(str, bad))}")
     trainer_args = fill_device_defaults(build_parser().parse_args(rest))
     if set(SET_PER_RUN) & {a.split("=")[0] for a in rest}:
         raise UserError(f"{', '.join(SET_PER_RUN)} are set per run by the study; use --seeds and --variants "
@@ -96,15 +109,27 @@ def parse_args(argv=None):
             raise UserError("--tune_lr runs in one process (every choice needs the full summary); start it "
                             "without torchrun")
         own.tune_lr = sorted(set(own.tune_lr))
-    own.variants = variants
-    own.depths = own.depths or [trainer_args.num_hidden_layers]
-    own.learning_rates = own.learning_rates or [trainer_args.learning_rate]
-    own.warmup_steps = own.warmup_steps or [trainer_args.warmup_steps]
+    own.baseline = own.baseline or DEFAULT_BASELINE
+    own.variants = once("--variants", variants)
+    own.seeds = once("--seeds", own.seeds)
+    own.depths = once("--depths", own.depths or [trainer_args.num_hidden_layers])
+    own.learning_rates = once("--learning_rates", own.learning_rates or [trainer_args.learning_rate])
+    own.warmup_steps = once("--warmup_steps", own.warmup_steps or [trainer_args.warmup_steps])
     if any(d < 1 for d in own.depths):
         raise UserError(f"--depths must be positive integers, got {own.depths}")
     if not all(math.isfinite(lr) and lr > 0 for lr in own.learning_rates) or any(w < 0 for w in own.warmup_steps):
         raise UserError("--learning_rates must be finite and > 0, and --warmup_steps >= 0")
     return own, trainer_args
+
+
+def once(flag: str, values: list) -> list:
+    """values without repeats, in the order given: a repeated seed or variant names the same run, which counted
+    once per mention would weigh more than the others in every mean, spread and count."""
+    kept = list(dict.fromkeys(values))
+    if len(kept) < len(values):
+        repeated = [str(v) for v in kept if values.count(v) > 1]
+        print(f"note: {flag} repeats {', '.join(repeated)}; each runs and counts once", file=sys.stderr)
+    return kept
 
 
 def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str:
@@ -139,6 +164,9 @@ def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed:
             raise UserError(f"{out_dir} was trained with other values of --{', --'.join(changed)}; "
                             "use a new --out_dir for a different study")
         if summary["diverged"] or summary["step"] >= base.max_steps:
+            if not (out_dir / "metrics.jsonl").is_file():  # the plateau rule and the figures read it
+                raise UserError(f"{out_dir} is finished but its metrics.jsonl is missing; restore it, or delete "
+                                "the run's folder to train it again")
             return {**summary, "out_dir": str(out_dir)}  # where it is now, wherever the study ran from then
     print(f"\n=== {name}")
     return train(validate(args))

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.cli import UserError
+from common.cli import UserError, run_cli
 from data import load_tokenizer, prepare_split
 from model import NORM_POSITIONS, NORM_TYPES, PLACEMENT_DEFAULTS, norm_variant
+from model.variants import variant_problem
 from scripts import run_ablation
 from trainer import args as trainer_args
 from trainer.args import build_parser
@@ -50,8 +51,6 @@ def test_variants_are_looked_up_not_split():
     # every position is a placement of its own, and every placement pairs with every norm type
     assert set(NORM_POSITIONS) <= set(run_ablation.PLACEMENTS)
     assert len(run_ablation.VARIANTS) == len(run_ablation.PLACEMENTS) * len(NORM_TYPES)
-    study, _ = run_ablation.parse_args(["--variants", "all"])
-    assert study.variants == list(run_ablation.VARIANTS) and "pre+qk_head-batchnorm" in study.variants
 
 
 def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkeypatch):
@@ -76,10 +75,8 @@ def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkey
 def test_variant_names_are_the_models_own_names_for_them(tiny_tokenizer):
     """Each variant's flags build a model that calls itself by the variant's name (model.norm_variant)."""
     for name, fields in run_ablation.VARIANTS.items():
-        adds_norms = (fields["qk_norm"], fields["v_norm"]) != ("none", "none") or fields["sub_norm"] \
-            or fields["embed_norm"] == "norm"
-        if adds_norms and fields["norm"] == "none" or fields["norm_gain"] != "w" and not NORM_TYPES[fields["norm"]].gain:
-            continue  # norms of no type, a (1 + w) gain on a norm with no gain: the trainer refuses these (next test)
+        if variant_problem(name):
+            continue  # the trainer refuses these (next test); the runner too (test_all_is_every_variant_...)
         args = build_parser().parse_args([])
         vars(args).update(fields)
         assert norm_variant(model_config(args, tiny_tokenizer, torch.device("cpu"))) == name
@@ -98,7 +95,7 @@ def test_placement_flags_reach_the_config_and_bad_pairs_name_the_flags(tiny_toke
     for flags, named in ((["--norm_position", "post", "--norm_scaling", "depth"], ("--norm_scaling", "--norm_position")),
                          (["--qk_norm", "head", "--norm", "none"], ("--qk_norm",)),
                          (["--v_norm", "head", "--norm", "none"], ("--v_norm",)),
-                         (["--norm_position", "hybrid"], ("--norm_position", "--qk_norm", "--v_norm")),
+                         (["--norm_position", "hybrid", "--qk_norm", "none"], ("--norm_position", "--qk_norm")),
                          (["--sub_norm", "--norm", "none"], ("--sub_norm",)),
                          (["--embed_norm", "norm", "--norm", "none"], ("--embed_norm",)),
                          (["--norm_gain", "one_plus_w", "--norm", "rmsnorm_noparam"], ("--norm_gain", "--norm")),
@@ -118,6 +115,107 @@ def test_placement_flags_reach_the_config_and_bad_pairs_name_the_flags(tiny_toke
 def test_bad_study_flags_are_one_line_errors(flags, message):
     with pytest.raises(UserError, match=re.escape(message)):
         run_ablation.parse_args(flags)
+
+
+def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
+    """The runner's command line on flags, which must stop with exit status 2 before anything trains or is written;
+    returns its one line on stderr."""
+    def no_training(args):
+        raise AssertionError(f"trained {args.out_dir}")
+    monkeypatch.setattr(run_ablation, "train", no_training)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: run_ablation.main(["--out_dir", str(tmp_path / "study"), *flags]))
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2 and out == "" and not (tmp_path / "study").exists()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err.strip()
+
+
+def test_all_is_every_variant_that_makes_a_model_and_one_that_makes_none_is_refused_before_training(
+        capsys, monkeypatch, tmp_path):
+    study, _ = run_ablation.parse_args(["--variants", "all"])
+    # norms of no type where the placement adds norms, a (1 + w) gain on a norm with no gain: no model
+    invalid = [name for name, fields in run_ablation.VARIANTS.items()
+               if fields["norm"] == "none" and ((fields["qk_norm"], fields["v_norm"]) != ("none", "none")
+                                                or fields["sub_norm"] or fields["embed_norm"] == "norm")
+               or fields["norm_gain"] != "w" and not NORM_TYPES[fields["norm"]].gain]
+    assert len(invalid) == 16 and "hybrid-none" in invalid and "pre+one_plus_w-rmsnorm_noparam" in invalid
+    assert study.variants == [v for v in run_ablation.VARIANTS if v not in invalid]
+    assert "pre+qk_head-batchnorm" in study.variants and "pre-none" in study.variants
+    assert refused(capsys, monkeypatch, tmp_path, "--variants", "pre-rmsnorm", "hybrid-none") == (
+        "error: variant 'hybrid-none' makes no model (qk_norm='head' needs a norm to apply; allowed with any "
+        "norm_type but 'none' (or set qk_norm='none')); pair its placement with another norm ('all' runs every "
+        "variant that makes one)")
+
+
+def test_repeated_seeds_and_variants_run_and_count_once(monkeypatch, capsys):
+    trained = []
+
+    def fake_run(base, study, variant, depth, lr, warmup, seed):
+        trained.append((variant, lr, seed))
+        return {"seed": seed, "diverged": False, "plateaued": False, "val_loss": 4.0 + seed / 100, "val_bpb": 1.0,
+                "tokens_per_s": None, "s_per_step": None, "norm_params": 10}
+    monkeypatch.setattr(run_ablation, "train_or_reuse", fake_run)
+    capsys.readouterr()
+    study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "pre-rmsnorm",
+                                           "--seeds", "1", "0", "1", "1"])
+    assert (study.variants, study.seeds) == (["pre-rmsnorm", "post-rmsnorm"], [1, 0])
+    assert capsys.readouterr().err.splitlines() == [
+        "note: --variants repeats pre-rmsnorm; each runs and counts once",
+        "note: --seeds repeats 1; each runs and counts once"]
+    groups = run_ablation.grid_study(study, base)
+    assert sorted(trained) == sorted({*trained}) and len(trained) == 4
+    assert [len(runs) for runs in groups.values()] == [2, 2]
+    assert "| 4.005 ± 0.007 | 1.000 ± 0.000 | — | — | 10 | 0/2 | 0/2 |" in run_ablation.results_table(groups, False)
+    # ... and in the fair study, where the first seed tunes and each other seed trains once at the choice
+    trained.clear()
+    monkeypatch.setattr(run_ablation, "unigram_loss", lambda base: 6.0)
+    monkeypatch.setattr(run_ablation, "tuning_point", lambda lr, run, unigram: run_ablation.lr_tuning.Point(
+        lr, abs(math.log2(lr / 2e-3)), True))
+    study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "--seeds", "0", "1", "0", "1",
+                                           "--tune_lr", "1e-3", "2e-3", "4e-3"])
+    groups, _ = run_ablation.tune_study(study, base)
+    assert trained == [("pre-rmsnorm", 1e-3, 0), ("pre-rmsnorm", 2e-3, 0), ("pre-rmsnorm", 4e-3, 0),
+                       ("pre-rmsnorm", 2e-3, 1)]
+    assert [[r["seed"] for r in runs] for runs in groups.values()] == [[0, 1]]
+
+
+def test_a_mistyped_baseline_is_refused_before_training_naming_the_choices(capsys, monkeypatch, tmp_path):
+    assert refused(capsys, monkeypatch, tmp_path, "--variants", "pre-rmsnorm", "post-rmsnorm", "--tune_lr", "1e-3",
+                   "2e-3", "--baseline", "pre-rmsnrom") == (
+        "error: --baseline 'pre-rmsnrom' is not one of --variants; choose one of pre-rmsnorm, post-rmsnorm")
+    # the default baseline need not be studied: a study of one variant tunes it alone
+    study, _ = run_ablation.parse_args(["--variants", "post-rmsnorm", "--tune_lr", "1e-3", "2e-3"])
+    assert study.baseline == "pre-rmsnorm"
+    study, _ = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--baseline", "post-rmsnorm"])
+    assert study.baseline == "post-rmsnorm"
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_a_seed_out_of_numpys_range_is_refused_before_training(seed, capsys, monkeypatch, tmp_path):
+    assert refused(capsys, monkeypatch, tmp_path, "--seeds", "0", seed) == (
+        f"error: --seeds must be in [0, 4294967295] (numpy's seed range), got {seed}")
+    study, _ = run_ablation.parse_args(["--seeds", "0", str(2**32 - 1)])
+    assert study.seeds == [0, 2**32 - 1]
+
+
+def test_a_finished_run_without_its_metrics_is_one_error_not_a_crash(study, monkeypatch, capsys):
+    out = study("--variants", "pre-rmsnorm", "--max_steps", "2", "--eval_interval", "2")
+    run = next((out / "runs").iterdir())
+    (run / "metrics.jsonl").unlink()
+    report = (out / "results.md").read_text()
+
+    def no_training(args):
+        raise AssertionError(f"trained {args.out_dir} again")
+    monkeypatch.setattr(run_ablation, "train", no_training)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: study("--variants", "pre-rmsnorm", "--max_steps", "2", "--eval_interval", "2"))
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err == (f"error: {run} is finished but its metrics.jsonl is missing; restore "
+                                               "it, or delete the run's folder to train it again\n")
+    assert (out / "results.md").read_text() == report and (run / "summary.json").is_file()
 
 
 @pytest.mark.slow  # four runs, a rerun and their figures: 20-50 s on 2 busy cores

@@ -1,5 +1,9 @@
 import importlib.util
+import io
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -180,6 +184,19 @@ def test_bad_flags_are_rejected(argv):
         eval_llm.parse_args(["--model_path", "x", *argv])
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0 (0 = greedy), got nan"),
+    (["--temperature", "inf"], "--temperature must be a finite number >= 0 (0 = greedy), got inf"),
+    (["--top_p", "nan"], "--top_p must be in (0, 1], got nan"),
+    (["--repetition_penalty", "inf"], "--repetition_penalty must be a finite number > 0 (1 = off), got inf"),
+    (["--repetition_penalty", "nan"], "--repetition_penalty must be a finite number > 0 (1 = off), got nan"),
+])
+def test_sampling_flags_that_are_not_finite_numbers_are_refused(argv, message):
+    with pytest.raises(UserError) as err:
+        eval_llm.parse_args(["--model_path", "x", *argv])
+    assert str(err.value) == message
+
+
 def test_a_model_is_required():
     with pytest.raises(UserError, match="--model_path"):
         eval_llm.parse_args(["--prompt", "Hi"])
@@ -252,3 +269,63 @@ def test_a_diverged_model_has_infinite_perplexity(tiny_tokenizer, tiny_corpus, c
     assert metrics["loss"] > 710 and metrics["ppl"] == math.inf and math.isfinite(metrics["bpb"])
     row = eval_llm.format_metrics_table([eval_llm.Result("diverged", "pre-rmsnorm", [], metrics)]).splitlines()[1]
     assert row.split()[3] == "inf"
+
+
+def test_compare_leaves_out_a_run_without_a_checkpoint_and_prints_the_others(run_dir, post_dir, tiny_corpus,
+                                                                            cache_env, tmp_path, capsys):
+    """A study's run that diverged before its first save: its folder has records but no checkpoint."""
+    diverged = tmp_path / "diverged"
+    diverged.mkdir()
+    (diverged / "metrics.jsonl").write_text("")
+    flags = ["--device", "cpu", "--prompt", PROMPT, "--temperature", "0", "--max_new_tokens", "4",
+             "--eval_data", tiny_corpus, "--seq_len", "16", "--eval_batches", "1"]
+    capsys.readouterr()
+    main([*flags, "--compare", str(run_dir), str(diverged), str(post_dir)])
+    out, err = capsys.readouterr()
+    assert "--- rms-pre (pre-rmsnorm) ---" in out and "--- ln-post (post-layernorm) ---" in out
+    assert "--- diverged" not in out
+    header, trained, skipped, untrained = (line.split() for line in out.strip().splitlines()[-4:])
+    assert header == ["checkpoint", "variant", "loss", "ppl", "bpb"] and skipped == ["diverged", "not", "loaded", "—",
+                                                                                     "—", "—"]
+    assert trained[:2] == ["rms-pre", "pre-rmsnorm"] and untrained[:2] == ["ln-post", "post-layernorm"]
+    assert float(trained[2]) < float(untrained[2])
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: left out of the comparison: {diverged}: not a model directory (no config.json, "
+                        "no checkpoint or step-* folders); has the run saved a checkpoint?"]
+    # nothing to compare: one error line and exit status 2
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: main([*flags, "--compare", str(diverged)]))
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2 and out == ""
+    assert err.splitlines()[-1] == ("error: nothing to compare: no model directory could be loaded (the warnings "
+                                    "above say why); pass at least one that holds a checkpoint")
+    assert [line for line in err.splitlines() if line.startswith("error:")] == err.splitlines()[-1:]
+
+
+def test_a_prompt_that_is_not_utf8_is_read_with_replacement_characters(run_dir, capsys, monkeypatch):
+    lm, tokenizer = load(run_dir)
+    expected = "To be \ufffd" + generate_text(lm, tokenizer, "To be \ufffd", Sampling(temperature=0, max_new_tokens=4))
+    warning = "warning: prompt 'To be \ufffd' is not valid UTF-8; its undecodable bytes are read as U+FFFD"
+    flags = ["--device", "cpu", "--model_path", str(run_dir), "--temperature", "0", "--max_new_tokens", "4"]
+    capsys.readouterr()
+    main([*flags, "--prompt", os.fsdecode(b"To be \xff")])  # as $'To be \xff' reaches sys.argv
+    out, err = capsys.readouterr()
+    assert out == expected + "\n\n" and err.splitlines() == [warning]
+
+    class Terminal(io.TextIOWrapper):  # typed at the prompt, read strictly as UTF-8 (the default outside UTF-8 mode)
+        def isatty(self):
+            return True
+    monkeypatch.setattr(sys, "stdin", Terminal(io.BytesIO(b"To be \xff\n\n"), encoding="utf-8"))
+    main(flags)
+    out, err = capsys.readouterr()
+    assert out == "prompt> " + expected + "\n\nprompt> " and err.splitlines() == [warning]
+
+
+def test_output_into_a_closed_pipe_ends_quietly(run_dir):
+    """eval_llm.py ... | head: once the reader has gone, stop without a traceback, with the status of SIGPIPE."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "eval_llm.py"), "--device", "cpu", "--model_path", str(run_dir),
+                             "--prompt", PROMPT, "--max_new_tokens", "8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    proc.stdout.close()  # before the first write: the reader has gone
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == ""
