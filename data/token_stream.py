@@ -26,7 +26,21 @@ CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACC
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("MINIMIND_CACHE") or Path.home() / ".cache" / "minimind-norm")
+    """$MINIMIND_CACHE or ~/.cache/minimind-norm. A MINIMIND_CACHE that is no folder and cannot become one is
+    refused here, before any tokenizing (an existing folder may be read-only: a filled cache is only read)."""
+    given = os.environ.get("MINIMIND_CACHE")
+    if not given:
+        return Path.home() / ".cache" / "minimind-norm"
+    path = Path(given)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        problem = f"{existing} is not a folder"
+    elif existing != path and not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"{path} does not exist and {existing} is not writable"
+    else:
+        return path
+    raise UserError(f"MINIMIND_CACHE={given} cannot hold the token cache ({problem}); point MINIMIND_CACHE at a "
+                    "folder this process can create or write, or unset it to use ~/.cache/minimind-norm")
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,11 @@ def main(argv: list[str] | None = None) -> None:
     dtype = resolve_dtype(args.dtype, device)
     mixed_precision = autocast(device, dtype)
 
+    heads = MiniMindConfig().num_attention_heads  # the benchmark keeps MiniMind2's heads, and RoPE even head widths
+    if args.hidden_size % (2 * heads):
+        raise UserError(f"--hidden_size must be a multiple of {2 * heads} ({heads} attention heads, each of an even "
+                        f"width for rotary embeddings), got {args.hidden_size}")
+
     torch.manual_seed(0)
     config = MiniMindConfig(hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers)
     minimind = MiniMindForCausalLM(config).to(device).train()

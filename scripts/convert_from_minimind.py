@@ -63,6 +63,12 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(saved, dict) or not saved or not all(torch.is_tensor(v) and v.is_floating_point()
                                                             for v in saved.values()):
         raise UserError(f"{path}: not a state dict of floating-point tensors")
+    # A model holding nan or inf evaluates to nan and samples noise, and every later export fails on it
+    for key, tensor in saved.items():
+        if bad := int((~tensor.isfinite()).sum()):
+            raise UserError(f"{path}: {key} holds {bad:,} non-finite values (nan or inf) of {tensor.numel():,}, so "
+                            "the run that saved it had diverged or the file is damaged; import a checkpoint saved "
+                            "before that")
     return saved
 
 

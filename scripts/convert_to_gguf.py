@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gguf
 import torch
+from transformers.utils import logging as hf_logging
 
 from common.cli import ArgumentParser, UserError, run_cli
 from data.tokenizer import load_tokenizer
@@ -80,6 +81,17 @@ def stored(tensor: torch.Tensor, outtype: str) -> torch.Tensor:
     """The values the file holds for tensor: matrices rounded to outtype (nearest even), vectors in float32."""
     dtype = OUTTYPES[outtype][2] if tensor.dim() > 1 else torch.float32
     return tensor.to(dtype).float()
+
+
+def require_in_range(tensors: dict[str, torch.Tensor], outtype: str) -> None:
+    """Refuse a weight too large for --outtype (f16 ends at 65504): it would be stored as inf, and the read-back
+    check cannot tell, since inf reads back as the inf it was rounded to."""
+    for name, tensor in tensors.items():
+        if (stored(tensor, outtype).isinf() & tensor.isfinite()).any():
+            wider = " or ".join(t for t in ("bf16", "f32") if t != outtype)
+            raise UserError(f"tensor {name} has values up to {tensor.abs().max().item():.4g} in magnitude, beyond "
+                            f"--outtype {outtype}'s largest ({torch.finfo(OUTTYPES[outtype][2]).max:g}), so it "
+                            f"would be stored as inf; export with --outtype {wider}; nothing was written")
 
 
 def vocabulary(tokenizer_dir: Path, vocab_size: int) -> tuple[list[str], list[int], list[str]]:
@@ -189,6 +201,7 @@ def convert(src: Path, dst: Path, outtype: str = "f32") -> str:
     tokenizer = load_tokenizer(model_dir)
     vocab = vocabulary(model_dir, hf_model.config.vocab_size)
     tensors = gguf_tensors(hf_model, family)
+    require_in_range(tensors, outtype)
     partial = dst.with_name(f".{dst.name}.partial-{os.getpid()}")  # a name common.fs.remove_leftovers knows
     try:
         write_gguf(partial, Path(src).resolve().name, family, hf_model.config, tensors, tokenizer, vocab, outtype)
@@ -208,6 +221,7 @@ def main() -> None:
     parser.add_argument("--outtype", choices=sorted(OUTTYPES), default="f32",
                         help="how weight matrices are stored (norm gains stay float32)")
     args = parser.parse_args()
+    hf_logging.disable_progress_bar()  # the "Loading weights" bar is noise here (and beside an error's one line)
     convert(args.src_dir, args.dst_file, args.outtype)
 
 

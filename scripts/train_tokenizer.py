@@ -1,6 +1,7 @@
 """Train the byte-level BPE tokenizer on the train split of a text source and save it for AutoTokenizer.
 
-The shipped data/tokenizer/ is the output of running this with no flags (embedded Shakespeare corpus).
+The shipped data/tokenizer/ is the output of running this with `--out_dir data/tokenizer --overwrite` and no other
+flags (embedded Shakespeare corpus). An --out_dir that is not empty is refused unless --overwrite is given.
 """
 
 import os
@@ -11,8 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.cli import ArgumentParser, cannot_write, require_writable_dir, run_cli
-from data.tokenizer import DEFAULT_TOKENIZER_DIR, DEFAULT_VOCAB_SIZE, save_tokenizer, train_tokenizer
+from common.cli import ArgumentParser, UserError, cannot_write, require_writable_dir, run_cli
+from data.tokenizer import DEFAULT_VOCAB_SIZE, save_tokenizer, train_tokenizer
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,12 +23,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--text_field", default="text", help="column or JSON field holding the text")
     parser.add_argument("--vocab_size", type=int, default=DEFAULT_VOCAB_SIZE,
                         help="tokens in the vocabulary, special tokens included")
-    parser.add_argument("--out_dir", default=str(DEFAULT_TOKENIZER_DIR),
-                        help="directory to save tokenizer.json and tokenizer_config.json in ")
+    parser.add_argument("--out_dir", default="out/tokenizer",
+                        help="directory to save tokenizer.json and tokenizer_config.json in")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the tokenizer files in an --out_dir that is not empty")
     parser.add_argument("--streaming", action="store_true", help="stream the source instead of caching it as Arrow")
     args = parser.parse_args(argv)
     out = Path(args.out_dir)
     require_writable_dir("--out_dir", out)  # now, not after the training
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:  # e.g. the shipped data/tokenizer
+        raise UserError(f"--out_dir {out} is not empty; pass --overwrite to replace the tokenizer files in it, or "
+                        "choose a new --out_dir")
     tokenizer = train_tokenizer(args.data_path, args.text_field, args.vocab_size, args.streaming)
     save(tokenizer, out)  # only now, so a bad input leaves nothing behind
     print(f"saved a {len(tokenizer)}-token tokenizer to {args.out_dir}")

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch import nn
 
-from common.cli import ArgumentParser, run_cli
+from common.cli import ArgumentParser, require_positive, run_cli
 from model.model_minimind import RMSNorm
 
 # What the notes report for the default 8 x 512, batch 32 setup (they give no seed).
@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         "--json", type=Path, help="also write the config and both networks' numbers to this JSON file"
     )
     args = p.parse_args(argv)
+    require_positive(args, ("layers", "width", "batch"))
 
     torch.manual_seed(args.seed)
     linears = [nn.Linear(args.width, args.width) for _ in range(args.layers)]

@@ -53,6 +53,10 @@ def test_bench_train_compiled_rows_report_compile_time(capsys, fresh_dynamo):
 @pytest.mark.parametrize("flags,message", [
     (["--rounds", "0"], "error: --rounds must be a positive integer, got 0"),
     (["--modes", "eager,jit"], "error: --modes: unknown ['jit']; allowed: ['eager', 'compiled']"),
+    (["--hidden_size", "63"], "error: --hidden_size must be a multiple of 16 (8 attention heads, each of an even "
+                              "width for rotary embeddings), got 63"),
+    (["--hidden_size", "72"], "error: --hidden_size must be a multiple of 16 (8 attention heads, each of an even "
+                              "width for rotary embeddings), got 72"),
 ])
 def test_bench_train_rejects_bad_flags(flags, message, capsys):
     with pytest.raises(SystemExit) as stopped:

@@ -372,5 +372,34 @@ def test_train_tokenizer_that_cannot_save_is_one_line_and_leaves_the_old_files(t
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(train_tokenizer_script, "save_tokenizer", full_disk)
     with pytest.raises(UserError, match="cannot write the tokenizer in .*No space left on device"):
-        train_tokenizer_script.main(["--data_path", tiny_corpus, "--vocab_size", "300", "--out_dir", str(out)])
+        train_tokenizer_script.main(["--data_path", tiny_corpus, "--vocab_size", "300", "--out_dir", str(out),
+                                     "--overwrite"])
     assert [(p.name, p.read_text()) for p in out.iterdir()] == [("tokenizer.json", "old")]
+
+
+def test_train_tokenizer_writes_a_new_folder_and_replaces_one_only_when_told(tmp_path, tiny_corpus, monkeypatch,
+                                                                              capsys):
+    monkeypatch.chdir(tmp_path)
+    destinations = []
+    with monkeypatch.context() as patch:  # where the default goes, written nowhere (it was the shipped folder)
+        patch.setattr(train_tokenizer_script, "save", lambda tokenizer, out: destinations.append(out))
+        train_tokenizer_script.main(["--data_path", tiny_corpus, "--vocab_size", "260"])
+    assert destinations == [Path("out/tokenizer")]
+    out = tmp_path / "tok"
+    train_tokenizer_script.main(["--data_path", tiny_corpus, "--vocab_size", "300", "--out_dir", str(out)])
+    shipped = {p.name: p.read_bytes() for p in DEFAULT_TOKENIZER_DIR.iterdir()}
+    with monkeypatch.context() as patch:  # refused before training, so nothing is ever written
+        patch.setattr(train_tokenizer_script, "train_tokenizer", lambda *a: pytest.fail("trained, then refused"))
+        for folder in (out, DEFAULT_TOKENIZER_DIR):
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as stopped:
+                run_cli(lambda folder=folder: train_tokenizer_script.main(["--data_path", tiny_corpus,
+                                                                           "--out_dir", str(folder)]))
+            assert stopped.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
+                f"error: --out_dir {folder} is not empty; pass --overwrite to replace the tokenizer files in it, or "
+                "choose a new --out_dir"]
+    assert {p.name: p.read_bytes() for p in DEFAULT_TOKENIZER_DIR.iterdir()} == shipped
+    assert len(load_tokenizer(out)) == 300
+    train_tokenizer_script.main(["--data_path", tiny_corpus, "--vocab_size", "260", "--out_dir", str(out),
+                                 "--overwrite"])
+    assert len(load_tokenizer(out)) == 260

@@ -159,6 +159,25 @@ def test_refuses_what_no_family_computes_in_one_line(tmp_path, tiny_tokenizer_di
     assert list(tmp_path.glob("*m.gguf*")) == []
 
 
+def test_refuses_a_weight_beyond_f16s_range_naming_it(tmp_path, tiny_tokenizer_dir, monkeypatch, capsys):
+    model = tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] = -7e4  # f16 ends at 65504: it would be stored as -inf
+    model.save_pretrained(tmp_path / "src")
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["convert_to_gguf.py", str(tmp_path / "src"), str(tmp_path / "m.gguf"),
+                                      "--outtype", "f16"])
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(convert_to_gguf.main)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: tensor blk.1.ffn_down.weight has values up to 7e+04 in magnitude, beyond --outtype f16's largest "
+        "(65504), so it would be stored as inf; export with --outtype bf16 or f32; nothing was written"]
+    assert list(tmp_path.glob("*m.gguf*")) == []
+    convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf", "bf16")  # as the line suggests
+    assert read_gguf(tmp_path / "m.gguf")[1]["blk.1.ffn_down.weight"].isfinite().all()
+
+
 def test_refuses_an_existing_output(tmp_path, tiny_tokenizer_dir):
     tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir)
     (tmp_path / "m.gguf").write_bytes(b"mine")

@@ -1,6 +1,7 @@
 """scripts/convert_from_minimind.py: MiniMind2 / MiniMind-3 state dicts, built from this repository's own model under
 the key names MiniMind's published code uses, come back as checkpoints that compute exactly the same logits."""
 
+import math
 import sys
 
 import pytest
@@ -101,6 +102,24 @@ def test_unknown_or_missing_keys_are_refused_by_name(tmp_path, tiny_tokenizer_di
     message = str(err.value)
     assert "\n" not in message and all(key in message for key in named)
     assert ("unknown keys" if change == "moe" else "missing keys") in message
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_weights_are_refused_naming_the_first_such_tensor(tmp_path, tiny_tokenizer_dir, monkeypatch, capsys,
+                                                                       value):
+    state = save_pth(minimind_model(load_tokenizer(tiny_tokenizer_dir), "2"), tmp_path / "m.pth")
+    state["model.layers.0.mlp.down_proj.weight"][3, :2] = value  # the first in the state dict's order
+    state["model.layers.1.self_attn.q_proj.weight"][0, 0] = value
+    torch.save(state, tmp_path / "m.pth")
+    monkeypatch.setattr(sys, "argv", ["convert_from_minimind.py", str(tmp_path / "m.pth"), tiny_tokenizer_dir,
+                                      str(tmp_path / "out"), "--num_attention_heads", "4"])
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(convert_from_minimind.main)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {tmp_path / 'm.pth'}: model.layers.0.mlp.down_proj.weight holds 2 non-finite values (nan or inf) of "
+        "12,288, so the run that saved it had diverged or the file is damaged; import a checkpoint saved before that"]
     assert not (tmp_path / "out").exists()
 
 

@@ -223,6 +223,14 @@ def test_bench_norms_rejects_unknown_op(capsys):
     assert stopped.value.code == 2 and len(lines) == 1 and lines[0].startswith("error:") and "nope" in lines[0]
 
 
+@pytest.mark.parametrize("flag,value", [("--layers", "0"), ("--width", "-3"), ("--batch", "0")])
+def test_why_normalization_rejects_a_size_below_one(flag, value, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: why_normalization.main([flag, value]))
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {flag} must be a positive integer, got {value}"]
+
+
 def test_why_normalization_script(tmp_path, capsys):
     why_normalization.main(["--layers", "3", "--width", "64", "--batch", "8", "--json", str(tmp_path / "why.json")])
     out = capsys.readouterr().out

@@ -1,14 +1,18 @@
 """Faults on purpose: a run directory belongs to one run, checkpoints are verified and fall back, resume continues
 the same run or refuses, and every other fault is one line with nothing lost. Everything runs in-process on a
-tiny model."""
+tiny model, but for the timeouts of two trainer processes."""
 
 import errno
 import importlib.util
 import io
 import json
 import os
+import re
 import shutil
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,16 +22,17 @@ import torch
 from safetensors import SafetensorError
 
 import data.token_stream
+import eval_llm
 import trainer.memory
 import trainer.tracking
 import trainer.train_pretrain
-from common.cli import UserError
+from common.cli import UserError, run_cli
 from common.fs import exclusive_lock
 from data import DEFAULT_TOKENIZER_DIR, load_texts, prepare_split
-from model import MiniMindConfig, MiniMindForCausalLM
+from model import VARIANTS, MiniMindConfig, MiniMindForCausalLM
 from trainer.args import parse_args
 from trainer.checkpoint import LINK, read_model_dir
-from trainer.memory import step_memory_bytes
+from trainer.memory import model_parameters, step_memory_bytes
 from trainer.process import InterruptGuard
 from trainer.run_dir import LOCK_FILE
 from trainer.tracking import read_metrics
@@ -124,6 +129,15 @@ def test_a_crashed_trainers_lock_is_stale(tmp_path, run):
 def test_a_failed_run_releases_its_lock_and_leaves_no_directory(tmp_path, run):
     out = tmp_path / "new" / "run"
     with pytest.raises(UserError, match="no such file"):  # refused after the directory was claimed
+        run(out, "--max_steps", 2, data_path=tmp_path / "missing.jsonl")
+    assert not out.exists()
+
+
+def test_a_folder_holding_only_the_lock_of_a_killed_trainer_goes_when_the_next_run_fails(tmp_path, run):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).write_text("999999999\n")  # a trainer killed before its first write (out of memory, say)
+    with pytest.raises(UserError, match="no such file"):
         run(out, "--max_steps", 2, data_path=tmp_path / "missing.jsonl")
     assert not out.exists()
 
@@ -374,6 +388,26 @@ def test_a_full_disk_while_tokenizing_is_one_line_and_leaves_no_temp_files(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("where", ["a file", "a path below a file"])
+def test_a_token_cache_that_cannot_be_a_folder_is_one_line_in_the_trainer_and_eval_llm(where, base_run, tmp_path, run,
+                                                                                      tiny_corpus, monkeypatch, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    cache = blocker if where == "a file" else blocker / "cache"
+    monkeypatch.setenv("MINIMIND_CACHE", str(cache))
+    expected = (f"MINIMIND_CACHE={cache} cannot hold the token cache ({blocker} is not a folder); point "
+                "MINIMIND_CACHE at a folder this process can create or write, or unset it to use "
+                "~/.cache/minimind-norm")
+    with pytest.raises(UserError) as err:
+        run(tmp_path / "run", "--max_steps", 2)
+    assert str(err.value) == expected and not (tmp_path / "run").exists()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: eval_llm.main(["--model_path", str(base_run), "--eval_data", tiny_corpus]))
+    assert stopped.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [f"error: {expected}"]
+    assert blocker.read_text() == "not a folder"
+
+
 def test_non_string_text_names_file_and_record(tmp_path):
     path = tmp_path / "docs.jsonl"
     path.write_text('{"text": "first"}\n{"text": null}\n{"text": 12345}\n')
@@ -391,6 +425,41 @@ def test_a_batch_that_cannot_fit_is_refused_before_allocation(tmp_path, run, mon
     with pytest.raises(UserError, match=r"--batch_size 100000 x --max_seq_len 32 needs at least [\d,.]+ GiB .* 1.0 GiB"):
         run(out, "--batch_size", 100000)
     assert not out.exists()
+
+
+def test_a_model_that_cannot_fit_is_refused_before_allocation(tmp_path, run, monkeypatch):
+    monkeypatch.setattr(trainer.memory, "available_memory_bytes", lambda device: 2**30)
+    out = tmp_path / "run"
+    with pytest.raises(UserError) as err:
+        run(out, "--hidden_size", 131072)  # some 190 billion parameters in each block
+    assert re.fullmatch(r"--hidden_size 131072 x --num_hidden_layers 2 makes a model of [\d,]+ parameters, whose "
+                        r"weights, gradients and AdamW moments need [\d,]+\.\d GiB, but cpu has 1\.0 GiB available; "
+                        r"lower --hidden_size or --num_hidden_layers", str(err.value)), err.value
+    assert not out.exists()
+
+
+def test_the_ablation_runner_refuses_a_depth_that_cannot_fit_and_leaves_no_run_folder(tmp_path, tiny_flags,
+                                                                                     monkeypatch, capsys):
+    monkeypatch.setattr(trainer.memory, "available_memory_bytes", lambda device: 2**30)
+    spec = importlib.util.spec_from_file_location("run_ablation", REPO / "scripts" / "run_ablation.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    study = tmp_path / "study"
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: runner.main(["--out_dir", str(study), "--depths", "100000", *tiny_flags, "--max_steps", "2"]))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: --hidden_size 32 x --num_hidden_layers 100000 makes a model of ")
+    assert not (study / "runs").exists()
+
+
+@pytest.mark.parametrize("variant", ["pre-rmsnorm", "mix-layernorm", "hybrid_star-rmsnorm", "deepnorm-rmsnorm",
+                                     "pre+gate-dyt", "peri+qkv-rmsnorm", "pre+embed_norm-layernorm"])
+def test_the_parameter_count_of_a_config_is_exact_without_building_the_model(variant):
+    for layers in (1, 3, 8):
+        config = MiniMindConfig(vocab_size=400, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                                num_key_value_heads=2, **VARIANTS[variant])
+        assert model_parameters(config) == sum(p.numel() for p in MiniMindForCausalLM(config).parameters())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -492,3 +561,73 @@ def test_the_ablation_runner_starts_afresh_over_a_run_that_crashed_before_its_fi
     summary = runner.run_one(base, study, *config)
     assert summary["step"] == 2 and sorted(train_losses(crashed)) == [1, 2]
     assert train_losses(crashed)[1] != 9.0
+
+
+# --- two processes: a rank that waits past --dist_timeout -------------------------------------------------
+
+# One rank of a two-process gloo job, started as torchrun would (its environment variables), with one rank held up
+# for 8 s, beyond the 3 s of --dist_timeout 0.05. The ranks meet before the trainer starts, so the seconds each
+# spends importing do not count against the timeout of the process group's rendezvous.
+RANK_PROBE = """
+import os, sys, time
+sys.path.insert(0, {repo!r})
+import trainer.train_pretrain as tp
+from common.cli import run_cli
+
+rank, stall, meet = int(os.environ["RANK"]), {stall!r}, {meet!r}
+if stall == "tokenizing" and rank == 0:  # rank 0 tokenizes the corpus while rank 1 waits for it
+    prepare = tp.prepare_split
+
+    def slow_prepare(data_path, split, *args, **kwargs):
+        if split == "train":
+            time.sleep(8)
+        return prepare(data_path, split, *args, **kwargs)
+    tp.prepare_split = slow_prepare
+if stall == "training" and rank == 1:  # rank 1 hangs before its share of the first evaluation
+    evaluate = tp.evaluate
+    tp.evaluate = lambda *args, **kwargs: time.sleep(8) or evaluate(*args, **kwargs)
+open(os.path.join(meet, str(rank)), "w").close()
+while len(os.listdir(meet)) < 2:
+    time.sleep(0.05)
+run_cli(lambda: tp.main(sys.argv[1:]))
+"""
+TIMED_OUT = ("error: rank {} waited 3 s for another rank (--dist_timeout 0.05 minutes) and gave up: that rank is "
+             "still busy (local rank 0 tokenizes a corpus on its first use while the others wait) or hangs; raise "
+             "--dist_timeout, or find what holds it up")
+LOST = ("error: rank {} lost another rank, which exited (its own error line says why; a rank that waited past "
+        "--dist_timeout exits too); fix what stopped it, or raise --dist_timeout")
+
+
+@pytest.mark.slow  # two trainer processes, one held up for 8 s
+@pytest.mark.parametrize("stall,waits", [("tokenizing", 1), ("training", 0)])
+def test_a_rank_that_waits_past_the_timeout_and_its_peer_each_end_in_one_line(stall, waits, tmp_path, tiny_flags,
+                                                                             tiny_tokenizer, tiny_corpus, token_cache):
+    cache = tmp_path / "cache" if stall == "tokenizing" else token_cache  # tokenized afresh, or already
+    if stall == "training":
+        for split in ("train", "validation"):
+            prepare_split(tiny_corpus, split, tiny_tokenizer)
+    probe, meet, out = tmp_path / "probe.py", tmp_path / "meet", tmp_path / "run"
+    meet.mkdir()
+    probe.write_text(RANK_PROBE.format(repo=str(REPO), stall=stall, meet=str(meet)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", OMP_NUM_THREADS="1",
+               MINIMIND_CACHE=str(cache))
+    argv = [*tiny_flags, *SCHEDULE, "--out_dir", str(out), "--max_steps", "4", "--dist_timeout", "0.05"]
+    ranks = [subprocess.Popen([sys.executable, str(probe), *argv], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+    try:
+        errs = [process.communicate(timeout=120)[1] for process in ranks]
+    finally:
+        for process in ranks:  # (one that hangs fails the test, and is not left behind)
+            process.kill()
+    for rank, (process, err) in enumerate(zip(ranks, errs, strict=True)):
+        expected = (TIMED_OUT if rank == waits else LOST).format(rank)
+        assert process.returncode == 2 and err.strip().splitlines()[-1] == expected, (rank, err[-3000:])
+        assert "Traceback" not in err and "terminate called" not in err, (rank, err[-3000:])
+    if stall == "tokenizing":  # rank 0 had claimed the run folder, and left nothing in it
+        assert not out.exists()
+    else:  # the steps before the evaluation were logged; nothing was saved, nothing is half-written
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE, "metrics.jsonl"]

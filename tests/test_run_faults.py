@@ -117,6 +117,21 @@ def test_positive_float_flags(flag, tmp_path):
         parse_args(["--out_dir", str(tmp_path / "run"), f"--{flag}", "0"])
 
 
+def test_a_min_lr_above_the_peak_is_refused(flags, tmp_path):
+    """The cosine schedule would climb from --learning_rate to --min_lr instead of decaying."""
+    message = refusal(flags("--learning_rate", "1e-3", "--min_lr", "0.5", "--max_steps", 1))
+    assert message == ("--min_lr 0.5 is above --learning_rate 0.001, so the decay would raise the rate; set "
+                       "--min_lr at most --learning_rate")
+    assert not (tmp_path / "run").exists()
+    assert parse_args(flags("--learning_rate", "1e-3", "--min_lr", "1e-3")).min_lr == 1e-3  # a constant rate
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_a_seed_outside_32_bits_is_refused(seed, flags, tmp_path):
+    assert refusal(flags("--seed", seed)) == f"--seed must be in [0, 2**32 - 1], got {seed}"
+    assert not (tmp_path / "run").exists()
+
+
 # --- an update that leaves non-finite weights -----------------------------------------------------------
 
 

@@ -270,6 +270,11 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     for name in POSITIVE_FLOATS:
         if getattr(args, name) is not None and not getattr(args, name) > 0:
             raise UserError(f"--{name} must be > 0, got {getattr(args, name)}")
+    if args.min_lr > args.learning_rate:  # the cosine "decay" would raise the rate from the peak to min_lr
+        raise UserError(f"--min_lr {args.min_lr:g} is above --learning_rate {args.learning_rate:g}, so the decay "
+                        "would raise the rate; set --min_lr at most --learning_rate")
+    if not 0 <= args.seed < 2**32:  # numpy refuses a negative seed; 32 bits are a seed every RNG library takes
+        raise UserError(f"--seed must be in [0, 2**32 - 1], got {args.seed}")
     out = Path(args.out_dir)
     require_writable_dir("--out_dir", out)
     if args.resume and args.overwrite:

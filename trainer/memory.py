@@ -1,6 +1,8 @@
-"""Will a training step fit in memory? A lower bound of its needs, checked before the first batch is allocated,
-so that an impossible --batch_size is one line instead of minutes of swapping or an out-of-memory kill."""
+"""Will the model, and a training step, fit in memory? Lower bounds of their needs, checked before the weights and
+the first batch are allocated, so that an impossible width, depth or --batch_size is one line instead of minutes of
+swapping or an out-of-memory kill."""
 
+import copy
 import os
 import re
 from pathlib import Path
@@ -8,6 +10,7 @@ from pathlib import Path
 import torch
 
 from common.cli import UserError
+from model import MiniMindForCausalLM
 
 # Values autograd keeps per token, per layer and per unit of width, counted with saved_tensors_hooks in MiniMind
 # blocks on CPU (4 layers, 128 wide): 19.1 in fp32 (attention inputs and outputs, SwiGLU's 8/3-wide projections,
@@ -46,6 +49,34 @@ def available_memory_bytes(device: torch.device) -> int | None:
         return int(re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.MULTILINE).group(1)) * 1024
     except (OSError, AttributeError):  # not Linux
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+
+
+def model_parameters(config) -> int:
+    """The number of parameters of the model config describes, without allocating it: models of one and two blocks
+    built on the meta device (shapes, no storage) give what the blocks add to the rest. Every block after the
+    first holds as many as the second, in every placement, so the count is exact; building all the blocks would
+    take minutes for a model of 100,000."""
+    def count(layers: int) -> int:
+        shallow = copy.deepcopy(config)
+        shallow.num_hidden_layers = layers
+        with torch.device("meta"):
+            return sum(p.numel() for p in MiniMindForCausalLM(shallow).parameters())
+
+    one = count(1)
+    return one + (config.num_hidden_layers - 1) * (count(2) - one)
+
+
+def require_model_fits(config, device: torch.device) -> None:
+    """Refuse a model whose training state alone cannot fit in the device's memory: fp32 weights, gradients and
+    AdamW's two moments, 16 bytes per parameter."""
+    num_params = model_parameters(config)
+    needed = 16 * num_params
+    available = available_memory_bytes(device)
+    if available is not None and needed > available:
+        raise UserError(f"--hidden_size {config.hidden_size} x --num_hidden_layers {config.num_hidden_layers} makes a "
+                        f"model of {num_params:,} parameters, whose weights, gradients and AdamW moments need "
+                        f"{needed / 2**30:,.1f} GiB, but {device} has {available / 2**30:,.1f} GiB available; "
+                        "lower --hidden_size or --num_hidden_layers")
 
 
 def require_step_fits(config, num_params: int, batch_size: int, seq_len: int, dtype: torch.dtype,

@@ -1,13 +1,23 @@
 """Process setup around a training job: which device and rank this process is, and how it answers signals."""
 
 import os
+import re
 import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from common.cli import UserError
 from trainer.device import pick_device
+
+# gloo reports a collective that waited past the timeout, or whose peer went away, as a plain RuntimeError (NCCL in
+# blocking-wait mode as a DistBackendError); only the message tells which.
+TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+PEER_GONE = re.compile(r"connection closed by peer|connection reset by peer|broken pipe", re.IGNORECASE)
 
 
 def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, torch.device]:
@@ -36,6 +46,34 @@ def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, t
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+@contextmanager
+def peer_failures_in_one_line(rank: int, timeout_min: float) -> Iterator[None]:
+    """Under torchrun, a collective that waited past --dist_timeout, or lost the rank it waited for, ends in one
+    line on each rank instead of pages of gloo's trace. The process group is torn down first: gloo aborts the
+    process at exit otherwise, while a peer is still connected."""
+    try:
+        yield
+    except RuntimeError as err:
+        text = str(err)
+        if not dist.is_initialized() or not (isinstance(err, dist.DistError) or "gloo" in text):
+            raise
+        if TIMED_OUT.search(text):
+            message = (f"rank {rank} waited {timeout_min * 60:g} s for another rank (--dist_timeout {timeout_min:g} "
+                       "minutes) and gave up: that rank is still busy (local rank 0 tokenizes a corpus on its first "
+                       "use while the others wait) or hangs; raise --dist_timeout, or find what holds it up")
+        elif PEER_GONE.search(text):
+            message = (f"rank {rank} lost another rank, which exited (its own error line says why; a rank that "
+                       "waited past --dist_timeout exits too); fix what stopped it, or raise --dist_timeout")
+        else:
+            raise
+        # gloo's worker thread releases the failed collective's tensors only once it holds the GIL; were the group
+        # torn down (or the interpreter finalized) while it waits for it, both would wait forever. A moment
+        # without the GIL lets it finish.
+        time.sleep(1)
+        dist.destroy_process_group()
+        raise UserError(message) from None
 
 
 class SignalHandler:

@@ -48,11 +48,16 @@ def discard_run(out_dir: Path) -> None:
             path.unlink()
 
 
+def only_a_lock(out_dir: Path) -> bool:
+    return out_dir.is_dir() and [p.name for p in out_dir.iterdir()] == [LOCK_FILE]
+
+
 @contextmanager
 def claim_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> Iterator[None]:
     """Own out_dir for the block: create it, lock it, and refuse another run's directory unless resuming it or
-    told to overwrite it. A directory this call created is removed again if the run leaves nothing in it."""
-    created = not out_dir.exists()
+    told to overwrite it. A directory this call created is removed again if the run leaves nothing in it; so is
+    one that held only a lock file (what a trainer killed before its first write leaves: it could not clean up)."""
+    created = not out_dir.exists() or only_a_lock(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in FILES:  # (something else put there: the trainer would fail on it only when it first writes it)
         if (out_dir / name).is_dir():
@@ -76,7 +81,7 @@ def claim_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> Iterator[None
             try:
                 yield
             finally:
-                if created and [p.name for p in out_dir.iterdir()] == [LOCK_FILE]:
+                if created and only_a_lock(out_dir):
                     lock.unlink()
                     out_dir.rmdir()
     except LockHeld as held:

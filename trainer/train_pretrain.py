@@ -60,10 +60,10 @@ from trainer.diagnostics import (
     peak_memory_mb,
 )
 from trainer.evaluation import evaluate
-from trainer.memory import require_step_fits
+from trainer.memory import require_model_fits, require_step_fits
 from trainer.optim import build_optimizer, lr_at, step_unless
 from trainer.plots import plot_layer_profiles
-from trainer.process import InterruptGuard, StopFlag, barrier, setup_distributed
+from trainer.process import InterruptGuard, StopFlag, barrier, peer_failures_in_one_line, setup_distributed
 from trainer.resume import check_resumable, data_fingerprint, keep_metrics_up_to
 from trainer.run_dir import claim_run_dir, discard_run
 from trainer.tracking import Tracker, read_metrics
@@ -85,6 +85,7 @@ def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
     except ValueError as err:  # name the flags, not the config fields
         flag_of = {field: flag for flag, field in config_fields().items()}
         raise UserError(re.sub(rf"\b({'|'.join(flag_of)})\b", lambda m: f"--{flag_of[m[1]]}", str(err))) from err
+    require_model_fits(config, device)  # before any weight is allocated (or a run directory claimed)
     return config
 
 
@@ -151,7 +152,8 @@ def train(args) -> dict:
     try:
         tokenizer = load_tokenizer(args.tokenizer_path)
         config = None if args.resume else model_config(args, tokenizer, device)
-        with claim_run_dir(Path(args.out_dir), args.resume, args.overwrite) if rank == 0 else nullcontext():
+        with (claim_run_dir(Path(args.out_dir), args.resume, args.overwrite) if rank == 0 else nullcontext(),
+              peer_failures_in_one_line(rank, args.dist_timeout)):
             return run_training(args, rank, world_size, device, tokenizer, config)
     except BaseException:
         if interrupts.signal is None:
