@@ -38,10 +38,27 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# The vector and matrix extensions that decide which CPU kernels torch runs (and so its speed, and the rounding
+# of its matmuls): /proc/cpuinfo's flag for each, and the name recorded.
+CPU_EXTENSIONS = {"avx2": "AVX2", "avx512f": "AVX-512", "amx_tile": "AMX"}
+
+
+def cpu_isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str] | None:
+    """Which of AVX2, AVX-512 and AMX this CPU has, from the kernel's flags in cpuinfo (an empty list for none of
+    them); None where the kernel does not say (not Linux)."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return None
+    flags = next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
+    return [name for flag, name in CPU_EXTENSIONS.items() if flag in flags]
+
+
 def environment(device: torch.device | str | None = None) -> dict:
     """The commit (None outside a git checkout) and whether tracked files differed from it, the versions of the
-    libraries that compute the numbers, the device's name (the GPU's for a CUDA device, else the CPU's), torch's
-    thread count and the date (UTC)."""
+    libraries that compute the numbers, the device's name (the GPU's for a CUDA device, else the CPU's), the CPU's
+    model and instruction-set extensions (on a GPU run too: the host feeds it), torch's thread count and the date
+    (UTC)."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     commit = git("rev-parse", "HEAD")
     dirty = git("status", "--porcelain", "--untracked-files=no")
@@ -53,6 +70,8 @@ def environment(device: torch.device | str | None = None) -> dict:
         "transformers": version("transformers"),
         "datasets": version("datasets"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "cpu": cpu_name(),
+        "cpu_isa": cpu_isa(),
         "threads": torch.get_num_threads(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

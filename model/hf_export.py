@@ -13,9 +13,10 @@ module names, so the state dict carries over unchanged (parameter-free RMSNorm b
     the same          + qk_norm="head"    -> Gemma3ForCausalLM  (text; per-head (1 + w) q_norm / k_norm before RoPE)
 The Gemma configs are set to compute this model: SiLU-gated MLP (Gemma's default is tanh-approximated GELU),
 attention scale 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim), full attention in every layer (no sliding
-window), no soft-capping of attention or final logits, and one RoPE theta for every layer.
+window), no soft-capping of attention logits, final logits soft-capped as logit_softcap says (Gemma's
+final_logit_softcapping computes the same C * tanh(z / C)), and one RoPE theta for every layer.
 Everything else is refused with the reason, including settings that change the function without adding any
-weights (LayerNorm Scaling, DeepNorm's alpha and beta, Mix-LN's Post blocks).
+weights (LayerNorm Scaling, DeepNorm's alpha and beta, Mix-LN's Post blocks, logit soft-capping outside Gemma).
 """
 
 from transformers import (
@@ -41,6 +42,9 @@ ALLOWED = ("pre (Llama), pre + qk_norm=head (Qwen3) or reorder + qk_norm=proj (O
 
 def hf_family(cfg) -> str:
     """'llama', 'qwen3', 'olmo2', 'gemma2' or 'gemma3'; a ValueError with a one-line reason for anything else."""
+    if cfg.norm_position == "rezero":
+        raise ValueError("norm_position='rezero' scales each sublayer's output by a learnable scalar and has no "
+                         f"norms, which no Hugging Face family does; exportable: {ALLOWED}")
     if not NORM_TYPES[cfg.norm_type].hf_rmsnorm:
         raise ValueError(f"norm_type={cfg.norm_type!r} ({NORM_TYPES[cfg.norm_type].help}): the exportable "
                          f"families normalize with RMSNorm only")
@@ -66,6 +70,9 @@ def hf_family(cfg) -> str:
                          f"embed_norm={key[3]!r} has no Hugging Face equivalent; exportable: {ALLOWED}")
     if family.startswith("gemma") and cfg.norm_type != "rmsnorm":
         raise ValueError(f"norm_type={cfg.norm_type!r}: Gemma's norms have (1 + w) gains; exportable: {ALLOWED}")
+    if getattr(cfg, "logit_softcap", 0) and not family.startswith("gemma"):
+        raise ValueError(f"logit_softcap={cfg.logit_softcap:g} soft-caps the logits, which {family} does not do "
+                         "(of the exportable families only Gemma 2/3 do); export with logit_softcap=0, or as Gemma")
     return family
 
 
@@ -80,7 +87,7 @@ def gemma_fields(cfg, family: str) -> dict:
         # No layer slides; the model still builds a sliding mask, so give it a window as long as the context
         "sliding_window": cfg.max_position_embeddings,
         "attn_logit_softcapping": None,
-        "final_logit_softcapping": None,
+        "final_logit_softcapping": getattr(cfg, "logit_softcap", 0) or None,
         # Gemma 3 keeps one RoPE per layer type; only full_attention is used, the other is set alike
         "rope_parameters": rope if family == "gemma2" else {"full_attention": rope, "sliding_attention": dict(rope)},
     }

@@ -32,6 +32,9 @@ placement, so one name can mean different things in different placements:
              from the raw stream, normalized) (needs qk_norm="head" and v_norm="head")
   hybrid_star  block 0 pre + QKV-norm,       block 0: pre's names and q/k/v norms;                  yes    34
              the rest hybrid (HybridNorm*)   the others as hybrid
+  rezero     x + a * F(x), a a learnable     none; attn_residual_scale and mlp_residual_scale,       no     0
+             scalar per sublayer, 0 at init  one scalar each (ReZero, SkipInit): every block is the
+                                             identity at init
 
 A final norm is kept wherever the last block leaves the residual stream un-normalized; after a Post block it
 would only rescale what that block's norm produced. Two switches work with every placement:
@@ -54,7 +57,9 @@ sinks and massive activations; they too work with every placement:
                                       Qwen3-Next's layout)                                     +0 norms
   attn_sinks=True                     self_attn.sinks, one learnable logit per head in every softmax row
                                       (GPT-OSS, DeepSeek-V4)                                   +0 norms
-norm_type (RMSNorm, LayerNorm, DyT, BatchNorm, none) is independent of all of this.
+norm_type (RMSNorm, LayerNorm, DyT, Derf, SeeDNorm, BatchNorm, none) is independent of all of this. One more option
+is not a norm but bounds what the norms feed: logit_softcap=C turns the logits z into C * tanh(z / C), in float32
+(Gemma 2, nanochat), in training and generation alike.
 
 Pre-Norm RMSNorm maps 1:1 onto LlamaForCausalLM, with head QK-norm onto Qwen3ForCausalLM, and reorder with proj
 QK-norm onto Olmo2ForCausalLM; peri RMSNorm with one_plus_w gains and the sqrt(d) embedding scale onto
@@ -73,10 +78,10 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from model.norms import BatchNorm, DyT, LayerNorm, SSNorm, gain_of
+from model.norms import BatchNorm, Derf, DyT, LayerNorm, SeeDNorm, SSNorm, gain_of
 from model.rmsnorm_kernels import rms_norm
 
-NORM_POSITIONS = ("pre", "post", "peri", "reorder", "deepnorm", "mix", "hybrid", "hybrid_star")
+NORM_POSITIONS = ("pre", "post", "peri", "reorder", "deepnorm", "mix", "hybrid", "hybrid_star", "rezero")
 # HybridNorm normalizes q, k and v inside attention in place of an input norm: these placements need both fields.
 QKV_PLACEMENTS = ("hybrid", "hybrid_star")
 NORM_SCALINGS = ("none", "depth")
@@ -124,6 +129,7 @@ class MiniMindConfig(PretrainedConfig):
         dyt_alpha_init_attn: float | None = None,
         dyt_alpha_init_mlp: float | None = None,
         dyt_alpha_init_final: float | None = None,
+        logit_softcap: float = 0.0,
         initializer_range: float = 0.02,
         tie_word_embeddings: bool = True,
         bos_token_id: int = 1,
@@ -162,6 +168,7 @@ class MiniMindConfig(PretrainedConfig):
         self.dyt_alpha_init_attn = dyt_alpha_init_attn
         self.dyt_alpha_init_mlp = dyt_alpha_init_mlp
         self.dyt_alpha_init_final = dyt_alpha_init_final
+        self.logit_softcap = logit_softcap  # 0 = off
         self.initializer_range = initializer_range
         self._validate()
         super().__init__(
@@ -222,6 +229,8 @@ class MiniMindConfig(PretrainedConfig):
                              f"{[n for n, t in NORM_TYPES.items() if t.gain]}")
         if not 0 <= self.mix_ln_fraction <= 1:
             raise ValueError(f"mix_ln_fraction must be in [0, 1], got {self.mix_ln_fraction}")
+        if not 0 <= self.logit_softcap < math.inf:
+            raise ValueError(f"logit_softcap must be a finite number >= 0 (0 = off), got {self.logit_softcap}")
         for name in ("deepnorm_alpha", "deepnorm_beta", "dyt_alpha_init", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
                      "dyt_alpha_init_final"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
@@ -292,6 +301,18 @@ def _init_dyt(m: DyT) -> None:
     init.constant_(m.alpha, m.alpha_init)
 
 
+def _init_derf(m: Derf) -> None:
+    _init_affine(m)
+    init.constant_(m.alpha, m.alpha_init)
+    init.zeros_(m.shift)
+
+
+def _init_seednorm(m: SeeDNorm) -> None:
+    _init_affine(m)
+    init.ones_(m.alpha)
+    init.zeros_(m.beta)
+
+
 def dyt_alpha(cfg: MiniMindConfig, site: str) -> float:
     """DyT's starting alpha for a norm at site 'attn', 'mlp', 'final' or 'qk' (per-position where set)."""
     per_site = getattr(cfg, f"dyt_alpha_init_{site}", None)
@@ -318,6 +339,12 @@ NORM_TYPES = {
     "dyt": NormType(
         DyT, lambda dim, cfg, site: DyT(dim, dyt_alpha(cfg, site), one_plus_w(cfg)), _init_dyt,
         help="gain * tanh(alpha * x) + bias, no statistics (DyT, 2025)"),
+    "derf": NormType(
+        Derf, lambda dim, cfg, site: Derf(dim, dyt_alpha(cfg, site), one_plus_w(cfg)), _init_derf,
+        help="gain * erf(alpha * x + shift) + bias, no statistics (Derf, 2025)"),
+    "seednorm": NormType(
+        SeeDNorm, lambda dim, cfg, site: SeeDNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)), _init_seednorm,
+        help="[tanh(x . beta) * alpha + gain] * x / rms(x), a per-token gain (SeeDNorm, 2025)"),
     "batchnorm": NormType(
         BatchNorm, lambda dim, cfg, site: BatchNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)), _init_batchnorm,
         help="statistics over the batch: a demonstration that it leaks future tokens"),
@@ -367,6 +394,7 @@ PERI = (Slots(before="input_layernorm", after="post_attention_layernorm"),
 REORDER = (Slots(after="post_attention_layernorm"), Slots(after="post_feedforward_layernorm"))
 # HybridNorm: Post-Norm around attention (whose q, k and v carry their own norms) and no norm at the MLP
 HYBRID = (Slots(around="post_attention_layernorm"), Slots())
+EMPTY = (Slots(), Slots())  # ReZero: no norm at all, a learnable scale on each sublayer's output instead
 
 
 @dataclass(frozen=True)
@@ -376,6 +404,7 @@ class LayerPlan:
     skip_scale: float = 1.0  # DeepNorm's alpha: N(alpha * x + F(x))
     input_scale: float = 1.0  # LayerNorm Scaling's 1/sqrt(l) on the 'before' norms' outputs
     init_scale: float = 1.0  # DeepNorm's beta on the initial v_proj, o_proj and MLP weights
+    residual_scale: bool = False  # ReZero's x + a * F(x), one learnable a per sublayer
 
 
 def num_post_blocks(config: MiniMindConfig) -> int:
@@ -397,19 +426,34 @@ def layer_plans(config: MiniMindConfig) -> list[LayerPlan]:
             slots = PRE if i == 0 else HYBRID
         else:
             slots = {"pre": PRE, "post": POST, "peri": PERI, "reorder": REORDER, "deepnorm": POST,
-                     "hybrid": HYBRID}[position]
+                     "hybrid": HYBRID, "rezero": EMPTY}[position]
         scale = 1 / math.sqrt(i + 1) if config.norm_scaling == "depth" else 1.0
-        plans.append(LayerPlan(*slots, skip_scale=alpha, input_scale=scale, init_scale=beta))
+        plans.append(LayerPlan(*slots, skip_scale=alpha, input_scale=scale, init_scale=beta,
+                               residual_scale=position == "rezero"))
     return plans
 
 
 def has_final_norm(config: MiniMindConfig) -> bool:
-    """A final norm wherever the last block may leave the residual stream un-normalized (Mix-LN keeps it always)."""
-    return config.norm_position not in ("post", "deepnorm")
+    """A final norm wherever the last block may leave the residual stream un-normalized (Mix-LN keeps it always);
+    ReZero has none by design: its model holds no norm at all."""
+    return config.norm_position not in ("post", "deepnorm", "rezero")
+
+
+def builds_norms(config: MiniMindConfig) -> bool:
+    """Whether any slot holds a norm of norm_type: every placement's blocks or final norm do, except ReZero's,
+    which has norms only where a switch (QK-, V-, sub- or embedding norm) adds them."""
+    return (config.norm_position != "rezero" or config.qk_norm != "none" or config.v_norm != "none"
+            or config.sub_norm or config.embed_norm == "norm")
+
+
+# Setups best known by the recipe that uses them: norm_variant() gives them that name instead of the systematic
+# one, and model/variants.py lists them under it.
+RECIPES = {"pre+qk_head+embed_norm+softcap15-rmsnorm_noparam": "nanochat"}
 
 
 def norm_variant(config: MiniMindConfig) -> str:
-    """A short name for the whole normalization setup, e.g. 'pre-rmsnorm', 'pre+depth+qk_head-rmsnorm'."""
+    """A short name for the whole normalization setup, e.g. 'pre-rmsnorm', 'pre+depth+qk_head-rmsnorm', 'rezero'
+    (no norm anywhere, so no norm type), or a recipe's name from RECIPES ('nanochat')."""
     placement = config.norm_position
     if placement == "mix" and config.mix_ln_fraction != 0.25:
         placement += f"{config.mix_ln_fraction:g}"
@@ -427,7 +471,11 @@ def norm_variant(config: MiniMindConfig) -> str:
     placement += "+one_plus_w" if config.norm_gain == "one_plus_w" else ""
     placement += {"none": "", "elementwise": "+gate", "headwise": "+gate_head"}[config.attn_gate]
     placement += "+sinks" if config.attn_sinks else ""
-    return f"{placement}-{config.norm_type}"
+    placement += f"+softcap{config.logit_softcap:g}" if config.logit_softcap else ""
+    if not builds_norms(config):  # the norm type is unused, so the name leaves it out: 'rezero'
+        return placement
+    name = f"{placement}-{config.norm_type}"
+    return RECIPES.get(name, name)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -604,15 +652,18 @@ class MiniMindBlock(nn.Module):
         for site, slots in (("attn", plan.attn), ("mlp", plan.mlp)):
             for name in slots.names():
                 self.add_module(name, make_norm(config, site))
+        if plan.residual_scale:  # ReZero: one scalar per sublayer, 0 at init (set in _init_weights)
+            self.attn_residual_scale = nn.Parameter(torch.zeros(1))
+            self.mlp_residual_scale = nn.Parameter(torch.zeros(1))
 
     def forward(self, x, rope, mask, past_key_values=None) -> torch.Tensor:
-        x = self.residual(x, self.plan.attn, lambda h: self.self_attn(h, rope, mask, past_key_values))
-        return self.residual(x, self.plan.mlp, self.mlp)
+        x = self.residual(x, self.plan.attn, lambda h: self.self_attn(h, rope, mask, past_key_values), "attn")
+        return self.residual(x, self.plan.mlp, self.mlp, "mlp")
 
-    def residual(self, x: torch.Tensor, slots: Slots, sublayer) -> torch.Tensor:
+    def residual(self, x: torch.Tensor, slots: Slots, sublayer, site: str) -> torch.Tensor:
         """One residual sublayer with whatever norms the plan puts around it. Pre-Norm: x + F(N(x)), whose
         residual path is an untouched sum from the embeddings to the last layer; Post-Norm: N(x + F(x)), which
-        renormalizes every sum, so that path passes through 2L norms."""
+        renormalizes every sum, so that path passes through 2L norms; ReZero: x + a * F(x), site's scalar a."""
         h = x
         if slots.before:
             h = getattr(self, slots.before)(h)
@@ -621,6 +672,8 @@ class MiniMindBlock(nn.Module):
         h = sublayer(h)
         if slots.after:
             h = getattr(self, slots.after)(h)
+        if self.plan.residual_scale:
+            h = getattr(self, f"{site}_residual_scale") * h
         x = x + h if self.plan.skip_scale == 1.0 else self.plan.skip_scale * x + h
         return getattr(self, slots.around)(x) if slots.around else x
 
@@ -644,6 +697,9 @@ class MiniMindPreTrainedModel(PreTrainedModel):
             init.copy_(module.inv_freq, module.compute_inv_freq())
         elif isinstance(module, Attention) and module.sinks is not None:
             init.zeros_(module.sinks)
+        elif isinstance(module, MiniMindBlock) and module.plan.residual_scale:
+            init.zeros_(module.attn_residual_scale)
+            init.zeros_(module.mlp_residual_scale)
         else:
             init_norm(module)
 
@@ -745,6 +801,9 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
         )
         hidden = out.last_hidden_state if logits_to_keep == 0 else out.last_hidden_state[:, -logits_to_keep:]
         logits = self.lm_head(hidden)
+        cap = self.config.logit_softcap
+        if cap:  # C * tanh(z / C) in float32 (Gemma 2, nanochat): every logit stays within (-C, C)
+            logits = cap * torch.tanh(logits.float() / cap)
         if labels is not None:  # position t predicts token t+1; the last position has no target
             shift_labels = F.pad(labels, (0, 1), value=-100)[:, 1:]
         loss = None

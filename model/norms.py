@@ -1,5 +1,5 @@
-"""The norm types besides RMSNorm (which lives in model_minimind.py, as the default): SSNorm, LayerNorm, DyT and
-BatchNorm.
+"""The norm types besides RMSNorm (which lives in model_minimind.py, as the default): SSNorm, LayerNorm, DyT, Derf,
+SeeDNorm and BatchNorm.
 
 LayerNorm is torch's nn.LayerNorm with that option added. Every class here takes the hidden (last) dimension of a [..., dim] tensor, so
 any of them fits any norm slot of the model; model_minimind.NORM_TYPES chooses among them by name.
@@ -78,6 +78,61 @@ class DyT(nn.Module):
         if self.one_plus_w:
             return (torch.tanh(self.alpha * x.float()) * gain_of(self) + self.bias.float()).to(x.dtype)
         return torch.tanh(self.alpha * x) * self.weight + self.bias
+
+
+class Derf(nn.Module):
+    """Dynamic erf (Chen et al., "Stronger Normalization-Free Transformers", 2025):
+    y = weight * erf(alpha * x + shift) + bias, DyT's shape with erf in place of tanh and a learnable shift inside.
+
+    Like DyT an elementwise squashing, not a normalization. alpha is one learnable scalar starting at alpha_init
+    (0.5, the paper's); shift, weight and bias are per channel, starting at 0, 1 and 0, so at init it is
+    erf(0.5 x): zero-centred, and about 0.56 x for the small activations of a fresh model.
+    """
+
+    def __init__(self, dim: int, alpha_init: float = 0.5, one_plus_w: bool = False):
+        super().__init__()
+        self.alpha_init = alpha_init
+        self.one_plus_w = one_plus_w
+        self.alpha = nn.Parameter(torch.full((1,), alpha_init))
+        self.shift = nn.Parameter(torch.zeros(dim))
+        self.weight = nn.Parameter(torch.full((dim,), 0.0 if one_plus_w else 1.0))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.one_plus_w:
+            inner = self.alpha * x.float() + self.shift.float()
+            return (torch.erf(inner) * gain_of(self) + self.bias.float()).to(x.dtype)
+        return torch.erf(self.alpha * x + self.shift) * self.weight + self.bias
+
+
+class SeeDNorm(nn.Module):
+    """Self-rescaled dynamic normalization (Cai et al., 2025): y = [tanh(x . beta) * alpha + weight] * x / RMS(x).
+
+    RMSNorm whose per-channel gain depends on the token: x . beta, a dot product over the hidden dimension, is
+    one number per token, squashed by tanh, that scales the learnable vector alpha on top of the static gain
+    (weight, RMSNorm's gamma). Because x . beta grows with x's scale, the output keeps some of the input norm that
+    RMSNorm discards. RMS(x) = sqrt(mean(x^2) + eps), computed as RMSNorm computes it (float32 statistics, cast
+    back); the dot product is taken in float32 too, as it sums hidden_size products.
+
+    Init: weight 1, beta 0, alpha 1, so a fresh SeeDNorm is RMSNorm exactly (tanh(0) = 0). beta must start at 0
+    for that and alpha must not: with both at 0 neither gets a gradient (each one's gradient is proportional to
+    the other) and the norm stays RMSNorm forever. The paper's own values for alpha and beta could not be
+    confirmed here; these are the ones that start as RMSNorm and can still learn.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, one_plus_w: bool = False):
+        super().__init__()
+        self.eps = eps
+        self.one_plus_w = one_plus_w
+        self.alpha = nn.Parameter(torch.ones(dim))
+        self.beta = nn.Parameter(torch.zeros(dim))
+        self.weight = nn.Parameter(torch.full((dim,), 0.0 if one_plus_w else 1.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dynamic = torch.tanh((x.float() * self.beta).sum(-1, keepdim=True)) * self.alpha
+        if self.one_plus_w:
+            return (rms_norm(x.float(), None, self.eps) * (dynamic + gain_of(self))).to(x.dtype)
+        return rms_norm(x, None, self.eps) * (dynamic + self.weight)
 
 
 class BatchNorm(nn.BatchNorm1d):

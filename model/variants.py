@@ -1,16 +1,16 @@
-"""Named normalization setups: "<placement>-<norm>" names (pre-rmsnorm, reorder+qk_proj-rmsnorm, ...) and the
-flags each sets. norm_variant() in model_minimind.py names a config the same way; the ablation runner and
-scripts/signal_propagation.py take these names."""
+"""Named normalization setups: "<placement>-<norm>" names (pre-rmsnorm, reorder+qk_proj-rmsnorm, ...), plus a few
+named whole (rezero, nanochat), and the flags each sets. norm_variant() in model_minimind.py names a config the
+same way; the ablation runner and scripts/signal_propagation.py take these names."""
 
 from model.model_minimind import NORM_POSITIONS, NORM_TYPES, QKV_PLACEMENTS, MiniMindConfig
 
 # A placement names the values of the fields that decide where the norms go; fields it leaves out keep these.
 PLACEMENT_DEFAULTS = {"norm_position": "pre", "norm_scaling": "none", "qk_norm": "none", "v_norm": "none",
                       "attn_gate": "none", "attn_sinks": False, "sub_norm": False, "embed_norm": "none",
-                      "norm_gain": "w"}
+                      "norm_gain": "w", "logit_softcap": 0.0}
 QKV = {"qk_norm": "head", "v_norm": "head"}
 PLACEMENTS = {position: {"norm_position": position, **(QKV if position in QKV_PLACEMENTS else {})}
-              for position in NORM_POSITIONS} | {
+              for position in NORM_POSITIONS if position != "rezero"} | {
     "pre+depth": {"norm_scaling": "depth"},  # LayerNorm Scaling ("The Curse of Depth")
     "mix+depth": {"norm_position": "mix", "norm_scaling": "depth"},
     "pre+qk_head": {"qk_norm": "head"},  # Qwen3
@@ -35,6 +35,16 @@ PLACEMENTS = {position: {"norm_position": position, **(QKV if position in QKV_PL
 # "<placement>-<norm>" -> the trainer flags it sets. Names are looked up here, never split on "-".
 VARIANTS = {f"{placement}-{norm}": {**PLACEMENT_DEFAULTS, **fields, "norm": norm}
             for placement, fields in PLACEMENTS.items() for norm in sorted(NORM_TYPES)}
+# Setups named whole, not crossed with every norm type. ReZero has no norm, so no norm type to pair with (the
+# trainer's --norm is then unused: "none" says so). nanochat's norms: parameter-free RMSNorm before each sublayer,
+# per head on q and k, after the embedding lookup and before lm_head, with the logits soft-capped at 15
+# (model_minimind.RECIPES gives such a model this name).
+NAMED = {
+    "rezero": {**PLACEMENT_DEFAULTS, "norm_position": "rezero", "norm": "none"},
+    "nanochat": {**PLACEMENT_DEFAULTS, "qk_norm": "head", "embed_norm": "norm", "logit_softcap": 15.0,
+                 "norm": "rmsnorm_noparam"},
+}
+VARIANTS |= NAMED
 
 
 def variant_problem(name: str) -> str | None:

@@ -177,6 +177,19 @@ def theory(results: list[dict], head_dim: int, mix_ln_fraction: float,
         first = by["pre+embed_norm-rmsnorm", deep]["residual_rms"][0]
         checks.append(("pre+embed_norm-rmsnorm", "a unit-gain norm after the lookup: block 0 receives RMS 1 "
                        "(less eps's share at RMS 0.02)", f"RMS {first:.3f}", abs(first - 1) < 0.05))
+    both = [d for d in depths if ("pre-seednorm", d) in by and ("pre-rmsnorm", d) in by]
+    if both:
+        same = all(by["pre-seednorm", d][key] == by["pre-rmsnorm", d][key] for d in both
+                   for key in ("loss", "residual_rms"))
+        checks.append(("pre-seednorm", "with beta = 0, tanh(x . beta) = 0 and SeeDNorm is RMSNorm: pre's function "
+                       "at init, bit for bit", "loss and stream RMS " + ("identical" if same else "differ"), same))
+    rezero = [by["rezero", d] for d in depths if ("rezero", d) in by]
+    if rezero:  # x + a * F(x) with a = 0: each block hands on exactly what it received
+        cosine = min(min(r["block_cosine"]) for r in rezero)
+        spread = max(max(r["residual_rms"]) / min(r["residual_rms"]) for r in rezero)
+        checks.append(("rezero", "every block is the identity at init (a = 0): cosine 1, the stream's RMS unchanged",
+                       f"block cosine >= {cosine:.6f}, RMS varies by a factor {spread:.6f}",
+                       cosine > 1 - 1e-5 and spread < 1 + 1e-6))
     if ("pre-none", deep) in by:
         cosine = by["pre-none", deep]["block_cosine"]
         checks.append(("pre-none", "without norms the 0.02-scale stream hardly moves: blocks act as identity",

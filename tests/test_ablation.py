@@ -12,7 +12,7 @@ import torch
 from common.cli import UserError, run_cli
 from data import load_tokenizer, prepare_split
 from model import NORM_POSITIONS, NORM_TYPES, PLACEMENT_DEFAULTS, norm_variant
-from model.variants import variant_problem
+from model.variants import NAMED, variant_problem
 from scripts import run_ablation
 from trainer import args as trainer_args
 from trainer.args import build_parser
@@ -48,9 +48,11 @@ def test_variants_are_looked_up_not_split():
     assert run_ablation.VARIANTS["pre+gate-rmsnorm"]["attn_gate"] == "elementwise"
     assert run_ablation.VARIANTS["pre+sinks-rmsnorm"]["attn_sinks"] is True
     assert run_ablation.VARIANTS["mix+depth-dyt"]["norm_scaling"] == "depth"
-    # every position is a placement of its own, and every placement pairs with every norm type
-    assert set(NORM_POSITIONS) <= set(run_ablation.PLACEMENTS)
-    assert len(run_ablation.VARIANTS) == len(run_ablation.PLACEMENTS) * len(NORM_TYPES)
+    # every position is a placement of its own (ReZero, which has no norm to pair, a named variant), and every
+    # placement pairs with every norm type
+    assert set(NORM_POSITIONS) <= set(run_ablation.PLACEMENTS) | {"rezero"}
+    assert run_ablation.VARIANTS["rezero"] == {**PLACEMENT_DEFAULTS, "norm_position": "rezero", "norm": "none"}
+    assert len(run_ablation.VARIANTS) == len(run_ablation.PLACEMENTS) * len(NORM_TYPES) + len(NAMED)
 
 
 def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkeypatch):

@@ -8,7 +8,8 @@ import torch
 import common.environment as provenance
 from common.environment import describe, environment
 
-KEYS = {"git_commit", "git_dirty", "python", "torch", "transformers", "datasets", "device", "threads", "date"}
+KEYS = {"git_commit", "git_dirty", "python", "torch", "transformers", "datasets", "device", "cpu", "cpu_isa",
+        "threads", "date"}
 
 
 def git(repo, *command):
@@ -21,7 +22,8 @@ def test_the_libraries_machine_threads_and_date():
     assert set(env) == KEYS
     assert env["torch"] == torch.__version__ and env["threads"] == torch.get_num_threads()
     assert env["transformers"][0].isdigit() and env["datasets"][0].isdigit()
-    assert env["device"] == provenance.cpu_name() and env["device"]
+    assert env["device"] == env["cpu"] == provenance.cpu_name() and env["device"]
+    assert env["cpu_isa"] == provenance.cpu_isa() and set(env["cpu_isa"] or []) <= {"AVX2", "AVX-512", "AMX"}
     date = datetime.fromisoformat(env["date"])
     assert date.utcoffset() == timedelta(0) and abs(datetime.now(timezone.utc) - date) < timedelta(hours=1)
     assert describe(env).startswith(f"Produced {env['date']} by commit ")
@@ -52,3 +54,16 @@ def test_git_is_optional(tmp_path, monkeypatch):
     monkeypatch.setattr(provenance, "REPO", provenance.Path(__file__).resolve().parents[1])
     env = environment()
     assert env["git_commit"] is None and env["git_dirty"] is None and env["torch"] == torch.__version__
+
+
+def test_the_cpu_extensions_come_from_the_kernels_flags(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+                       "flags\t\t: fpu sse4_2 avx avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n\n"
+                       "processor\t: 1\nflags\t\t: fpu sse4_2 avx avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    assert provenance.cpu_isa(cpuinfo) == ["AVX2", "AVX-512", "AMX"]
+    cpuinfo.write_text("model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse4_2 avx avx2\n")
+    assert provenance.cpu_isa(cpuinfo) == ["AVX2"]
+    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd\n")  # an Arm CPU: none of them
+    assert provenance.cpu_isa(cpuinfo) == []
+    assert provenance.cpu_isa(tmp_path / "missing") is None  # no /proc (macOS): unknown

@@ -46,7 +46,7 @@ def test_model_config_sets_every_architecture_flag(tmp_path, tiny_tokenizer):
                        "--qk_norm", "head", "--v_norm", "head", "--attn_gate", "headwise", "--attn_sinks",
                        "--sub_norm", "--embed_norm", "norm", "--norm_gain", "one_plus_w",
                        "--dyt_alpha_init", "0.3", "--dyt_alpha_init_attn", "0.8",
-                       "--dyt_alpha_init_mlp", "0.2", "--dyt_alpha_init_final", "0.1"])
+                       "--dyt_alpha_init_mlp", "0.2", "--dyt_alpha_init_final", "0.1", "--logit_softcap", "30"])
     config = model_config(args, tiny_tokenizer, torch.device("cpu"))
     defaults = MiniMindConfig()
     for flag, field in config_fields().items():

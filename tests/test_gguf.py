@@ -147,15 +147,19 @@ def test_half_precision_rounds_only_the_matrices(tmp_path, tiny_tokenizer_dir, o
     assert (llama_cpp_style_logits(tmp_path / "m.gguf", ids) - expected).abs().max().item() <= 1e-4
 
 
-def test_refuses_what_no_family_computes_in_one_line(tmp_path, tiny_tokenizer_dir, monkeypatch, capsys):
-    tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir, norm_position="peri")
+@pytest.mark.parametrize("overrides,word", [
+    ({"norm_position": "peri"}, "peri"), ({"norm_type": "derf"}, "erf"), ({"norm_type": "seednorm"}, "SeeDNorm"),
+    ({"norm_position": "rezero"}, "rezero"), ({"logit_softcap": 15.0}, "soft-caps")])
+def test_refuses_what_no_family_computes_in_one_line(tmp_path, tiny_tokenizer_dir, monkeypatch, capsys, overrides,
+                                                     word):
+    tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir, **overrides)
     capsys.readouterr()  # save_pretrained's progress bar
     monkeypatch.setattr(sys, "argv", ["convert_to_gguf.py", str(tmp_path / "src"), str(tmp_path / "m.gguf")])
     with pytest.raises(SystemExit) as exit_info:
         run_cli(convert_to_gguf.main)
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: cannot export") and "peri" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: cannot export") and word in lines[0]
     assert list(tmp_path.glob("*m.gguf*")) == []
 
 

@@ -5,7 +5,14 @@ import math
 
 import pytest
 
-from trainer.lr_tuning import Point, choose_lr, edge_extension, paired_difference, usable_range
+from trainer.lr_tuning import (
+    Point,
+    choose_lr,
+    edge_extension,
+    paired_difference,
+    same_cpu_type,
+    usable_range,
+)
 
 
 def test_the_lowest_usable_loss_wins_and_failed_runs_never_do():
@@ -52,3 +59,25 @@ def test_paired_difference_is_per_seed_on_the_seeds_both_finished():
     single = paired_difference({0: 4.0}, {0: 4.5})
     assert (single.mean, single.std, single.agreeing) == (pytest.approx(-0.5), None, 1)
     assert paired_difference({0: float("nan")}, {0: 4.0}).mean is None
+
+
+def summary(cpu=None, isa=None, device="NVIDIA H100 80GB HBM3") -> dict:
+    """A run's summary as the trainer writes it, cut to the environment (fields left out: a run recorded before
+    them)."""
+    env = {"device": device, "cpu": cpu, "cpu_isa": isa}
+    return {"val_loss": 4.0, "environment": {k: v for k, v in env.items() if v is not None}}
+
+
+def test_runs_pair_only_on_the_same_cpu_model_and_extensions():
+    xeon_amx = summary("Intel(R) Xeon(R) Processor", ["AVX2", "AVX-512", "AMX"])
+    assert same_cpu_type(xeon_amx, summary("Intel(R) Xeon(R) Processor", ["AVX2", "AVX-512", "AMX"]))
+    # the same generic model name over other hardware, another model with the same extensions: not the same type
+    assert not same_cpu_type(xeon_amx, summary("Intel(R) Xeon(R) Processor", ["AVX2", "AVX-512"]))
+    assert not same_cpu_type(xeon_amx, summary("AMD EPYC 9654 96-Core Processor", ["AVX2", "AVX-512", "AMX"]))
+    # the GPU does not decide it: the host's CPU does (it feeds the GPU)
+    assert same_cpu_type(xeon_amx, summary("Intel(R) Xeon(R) Processor", ["AVX2", "AVX-512", "AMX"], device="cpu"))
+    # a run that does not say (recorded before these fields) pairs with nothing, not even its own kind
+    old = summary(device="Intel(R) Xeon(R) Processor")
+    assert not same_cpu_type(old, old) and not same_cpu_type(xeon_amx, old) and not same_cpu_type(old, xeon_amx)
+    no_extensions = summary("Some CPU", [])
+    assert same_cpu_type(no_extensions, summary("Some CPU", [])) and not same_cpu_type({}, {})

@@ -180,9 +180,15 @@ def ref_forward(model, input_ids):
         elif position == "hybrid":  # N(x + Attn(x)) with q, k, v normalized in Attn, then h + FFN(h)
             x = N("post_attention_layernorm", x + A(x))
             x = x + M(x)
-    if cfg.norm_position not in ("post", "deepnorm"):
+        elif position == "rezero":  # x + a * F(x), no norm
+            x = x + w[p + "attn_residual_scale"] * A(x)
+            x = x + w[p + "mlp_residual_scale"] * M(x)
+    if cfg.norm_position not in ("post", "deepnorm", "rezero"):
         x = N("model.norm", x, p="")
-    return x @ w["lm_head.weight"].T
+    logits = x @ w["lm_head.weight"].T
+    if cfg.logit_softcap:  # C * tanh(z / C)
+        logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
+    return logits
 
 
 @pytest.mark.parametrize("overrides", [
@@ -195,6 +201,7 @@ def ref_forward(model, input_ids):
     {"norm_position": "post", "sub_norm": True}, {"embed_norm": "scale"}, {"embed_norm": "norm"},
     placed("hybrid_star", norm_gain="one_plus_w", embed_norm="norm"),
     {"norm_position": "peri", "qk_norm": "head", "embed_norm": "scale", "norm_gain": "one_plus_w"},
+    {"norm_position": "rezero", "qk_norm": "head", "sub_norm": True}, {"logit_softcap": 2.0},
 ], ids=lambda o: "-".join(f"{v}" for v in o.values()))
 def test_logits_match_reference_forward(overrides):
     model = tiny_model(**overrides)
@@ -411,7 +418,9 @@ def load_converter():
     ({"qk_norm": "head"}, Qwen3ForCausalLM), ({"norm_position": "reorder", "qk_norm": "proj"}, Olmo2ForCausalLM),
     ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale"}, Gemma2ForCausalLM),
     ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale", "qk_norm": "head"},
-     Gemma3ForCausalLM)])
+     Gemma3ForCausalLM),
+    ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale", "logit_softcap": 0.05},
+     Gemma2ForCausalLM)])
 def test_export_gives_the_same_logits(tmp_path, overrides, cls):
     model = tiny_model(**overrides)
     model.save_pretrained(tmp_path / "src")
@@ -429,7 +438,9 @@ def test_export_gives_the_same_logits(tmp_path, overrides, cls):
     ({"norm_position": "post"}, "norm_position"), ({"norm_position": "peri"}, "norm_position"),
     ({"norm_position": "deepnorm"}, "norm_position"), ({"norm_position": "mix"}, "norm_position"),
     ({"norm_position": "reorder"}, "norm_position"), ({"qk_norm": "proj"}, "qk_norm"),
-    ({"norm_scaling": "depth"}, "norm_scaling")])
+    ({"norm_scaling": "depth"}, "norm_scaling"), ({"norm_type": "derf"}, "norm_type"),
+    ({"norm_type": "seednorm"}, "norm_type"), ({"norm_position": "rezero"}, "rezero"),
+    ({"logit_softcap": 15.0}, "logit_softcap")])
 def test_export_refuses_what_no_family_computes(tmp_path, overrides, word):
     tiny_model(perturb=False, **overrides).save_pretrained(tmp_path / "src")
     with pytest.raises(UserError) as err:

@@ -1,13 +1,16 @@
-"""Issue 18's norm-plan additions checked against what their formulas imply: HybridNorm(*), sub-norms, embedding
-normalization and (1 + w) gains. The reference forward for all of them is in test_norm_plan.py."""
+"""The 2025-26 norm-plan additions checked against what their formulas imply: HybridNorm(*), sub-norms,
+embedding normalization and (1 + w) gains, Derf, SeeDNorm, ReZero, logit soft-capping and the nanochat recipe. The
+reference forward for the placements is in test_norm_plan.py; Derf's and SeeDNorm's formulas are written out here."""
 
 import json
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import model.model_minimind as mm
-from model import MiniMindConfig, MiniMindForCausalLM, count_norms
+from model import VARIANTS, MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from tests.test_norm_plan import docstring_counts, placed
 from tests.tiny import FIXTURES, TINY, assert_bf16_autocast_trains, assert_saved_logits, ids, tiny_model
 from trainer.optim import build_optimizer
@@ -184,7 +187,9 @@ def test_bf16_autocast_forward_backward_with_one_plus_w(norm_type):
     ({"norm_position": "peri", "embed_norm": "scale"}, "norm_gain"),
     ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale", "norm_type": "ssnorm"}, "norm_type"),
     ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale", "qk_norm": "proj"}, "qk_norm"),
-    (placed("hybrid"), "v_norm")])
+    (placed("hybrid"), "v_norm"), ({"norm_type": "derf"}, "erf"), ({"norm_type": "seednorm"}, "SeeDNorm"),
+    ({"norm_position": "rezero"}, "no norms"), ({"norm_position": "rezero", "norm_type": "none"}, "rezero"),
+    ({"logit_softcap": 30.0}, "logit_softcap"), ({"qk_norm": "head", "logit_softcap": 30.0}, "qwen3")])
 def test_export_refuses_what_no_family_computes(overrides, word):
     from model.hf_export import hf_family
     with pytest.raises(ValueError) as err:
@@ -225,3 +230,118 @@ def test_pre_layernorm_equals_pre_rmsnorm_on_a_zero_mean_stream(centred):
     gap = (a - b).abs().max().item()
     # RMSNorm takes its statistics in float32 even for fp64 input (model/rmsnorm_kernels.py): equal up to that
     assert gap < 1e-6 if centred else gap > 1e-3
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Derf, SeeDNorm, ReZero and logit soft-capping, each against its paper's formula
+
+
+def randomized(norm: torch.nn.Module) -> torch.nn.Module:
+    """The norm with every parameter drawn at random, so that a misplaced or ignored one would show."""
+    with torch.no_grad():
+        for p in norm.parameters():
+            p.copy_(torch.randn_like(p) * 0.5 + (1.0 if p.ndim == 1 and p.numel() == 1 else 0.0))
+    return norm
+
+
+@pytest.mark.parametrize("norm_gain", mm.NORM_GAINS)
+def test_derf_is_its_formula(norm_gain):
+    """Derf(x) = gamma * erf(alpha * x + s) + beta (Chen et al. 2025): alpha a scalar; s, gamma, beta per channel."""
+    norm = randomized(mm.make_norm(MiniMindConfig(**TINY, norm_type="derf", norm_gain=norm_gain), "attn"))
+    assert (norm.alpha.shape, norm.shift.shape, norm.weight.shape, norm.bias.shape) == (
+        (1,), *[(TINY["hidden_size"],)] * 3)
+    x = torch.randn(2, 5, TINY["hidden_size"]) * 3
+    gamma = 1 + norm.weight if norm_gain == "one_plus_w" else norm.weight
+    expected = gamma * torch.erf(norm.alpha * x + norm.shift) + norm.bias
+    torch.testing.assert_close(norm(x), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_derf_starts_at_the_papers_init_and_takes_dyts_per_position_alpha():
+    model = MiniMindForCausalLM(MiniMindConfig(**TINY, norm_type="derf", dyt_alpha_init_mlp=0.2))
+    norm, mlp_norm = model.model.layers[1].input_layernorm, model.model.layers[1].post_attention_layernorm
+    assert norm.alpha.item() == 0.5 and mlp_norm.alpha.item() == pytest.approx(0.2)
+    assert torch.all(norm.shift == 0) and torch.all(norm.weight == 1) and torch.all(norm.bias == 0)
+    x = torch.randn(3, TINY["hidden_size"])
+    assert torch.equal(norm(x), torch.erf(0.5 * x))
+
+
+@pytest.mark.parametrize("norm_gain", mm.NORM_GAINS)
+def test_seednorm_is_its_formula(norm_gain):
+    """SeeDNorm(x) = [tanh(x . beta) * alpha + gamma] * x / RMS(x) (Cai et al. 2025): x . beta one number per
+    token, alpha, beta and gamma vectors, RMS(x) = sqrt(mean(x^2) + eps)."""
+    norm = randomized(mm.make_norm(MiniMindConfig(**TINY, norm_type="seednorm", norm_gain=norm_gain), "attn"))
+    with torch.no_grad():
+        norm.beta.mul_(0.2)  # x . beta of order 1, where tanh is neither linear nor saturated
+    x = torch.randn(2, 5, TINY["hidden_size"]) * 3
+    gamma = 1 + norm.weight if norm_gain == "one_plus_w" else norm.weight
+    dot = (x * norm.beta).sum(-1, keepdim=True)
+    expected = (torch.tanh(dot) * norm.alpha + gamma) * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    assert dot.abs().max() > 0.5  # the dynamic term matters here
+    torch.testing.assert_close(norm(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_seednorm_starts_as_rmsnorm_and_learns_its_dynamic_gain():
+    cfg = MiniMindConfig(**TINY, norm_type="seednorm")
+    norm, plain = mm.make_norm(cfg, "attn"), mm.make_norm(MiniMindConfig(**TINY), "attn")
+    assert torch.all(norm.alpha == 1) and torch.all(norm.beta == 0) and torch.all(norm.weight == 1)
+    x = torch.randn(4, 7, TINY["hidden_size"])
+    assert torch.equal(norm(x), plain(x))
+    (norm(x) * torch.randn_like(x)).sum().backward()
+    assert norm.beta.grad.abs().max() > 0  # so tanh(x . beta) leaves 0 at the first step, and alpha then learns
+
+
+def test_rezero_is_the_identity_at_init_and_its_scales_learn():
+    """x + a * F(x) with a = 0: every block hands on its input unchanged, there is no norm, the logits are the
+    embedding times lm_head; the scales get gradients, the sublayers' weights none until they move."""
+    model = MiniMindForCausalLM(MiniMindConfig(**TINY, norm_position="rezero")).train()
+    assert count_norms(model) == 0 and isinstance(model.model.norm, torch.nn.Identity)
+    x = ids(seq=12)
+    out = model(x[:, :-1], shift_labels=x[:, 1:], output_hidden_states=True)
+    embedded = model.model.embed_tokens(x[:, :-1])
+    assert all(torch.equal(h, embedded) for h in out.hidden_states)
+    torch.testing.assert_close(out.logits, embedded @ model.lm_head.weight.T)
+    out.loss.backward()
+    for layer in model.model.layers:
+        assert layer.attn_residual_scale.grad.abs().item() > 0 and layer.mlp_residual_scale.grad.abs().item() > 0
+        assert torch.all(layer.self_attn.q_proj.weight.grad == 0)
+    assert norm_variant(model.config) == "rezero"
+    assert norm_variant(MiniMindConfig(**TINY, norm_position="rezero", qk_norm="head")) == "rezero+qk_head-rmsnorm"
+
+
+def test_logit_softcap_bounds_the_logits_and_is_its_formula():
+    """logits = C * tanh(z / C), in float32, with z what the model computes without the cap."""
+    capped = tiny_model(logit_softcap=0.5)
+    plain = MiniMindForCausalLM(MiniMindConfig(**TINY)).eval()
+    plain.load_state_dict(capped.state_dict())
+    with torch.no_grad():
+        for model in (capped, plain):
+            model.lm_head.weight.mul_(100)  # logits far beyond the cap (lm_head is tied: the embedding too)
+        x = ids()
+        z, logits = plain(x).logits, capped(x).logits
+        # within (-C, C), up to float32's rounding of tanh to +-1 far out (|z / C| > 9)
+        assert z.abs().max() > 5 and logits.abs().max() <= 0.5 and torch.all(logits[z.abs() < 2.5].abs() < 0.5)
+        assert torch.equal(logits, 0.5 * torch.tanh(z / 0.5))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert capped(x).logits.dtype == torch.float32
+    loss = capped(x[:, :-1], shift_labels=x[:, 1:]).loss  # the loss is taken on the capped logits
+    expected = F.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten())
+    torch.testing.assert_close(loss, expected)
+    assert norm_variant(capped.config) == "pre+softcap0.5-rmsnorm"
+
+
+@pytest.mark.parametrize("value", [-1.0, math.inf, math.nan])
+def test_a_bad_softcap_names_the_field(value):
+    with pytest.raises(ValueError, match="logit_softcap"):
+        MiniMindConfig(**TINY, logit_softcap=value)
+
+
+def test_nanochat_is_its_recipe():
+    """Parameter-free RMSNorm before each sublayer, per head on q and k, after the embedding and before lm_head;
+    Pre-Norm; logits capped at 15. The model calls itself by the recipe's name."""
+    fields = {"norm_type" if k == "norm" else k: v for k, v in VARIANTS["nanochat"].items()}
+    model = MiniMindForCausalLM(MiniMindConfig(**TINY, **fields))
+    layers = TINY["num_hidden_layers"]
+    assert count_norms(model) == 2 * layers + 2 * layers + 1 + 1
+    assert not [n for n, p in model.named_parameters() if "norm" in n]  # no gains anywhere
+    assert (model.config.norm_position, model.config.qk_norm, model.config.logit_softcap) == ("pre", "head", 15.0)
+    assert norm_variant(model.config) == "nanochat"

@@ -103,3 +103,31 @@ def test_theory_checks_for_hybrid_sub_norm_embedding_and_gain():
                        strict=True)))
     assert [good[v] for v in new] == [True] * 6
     assert [bad[v] for v in new] == [False] * 6
+
+
+def test_the_newer_norms_measure_and_their_checks_agree(tmp_path, tiny_corpus, tiny_tokenizer_dir, monkeypatch,
+                                                        capsys):
+    """Derf, SeeDNorm, ReZero and the nanochat recipe by their catalogue names, at init: SeeDNorm computes
+    pre-rmsnorm's function, ReZero's blocks hand on their input unchanged."""
+    monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
+    signal_propagation.main([*TINY, "--variants", "pre-rmsnorm", "pre-seednorm", "pre-derf", "rezero", "nanochat",
+                             "--depths", "2", "--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir,
+                             "--out_dir", str(tmp_path / "out")])
+    data = json.loads((tmp_path / "out" / "signal_propagation.json").read_text())
+    assert [r["variant"] for r in data["results"]] == ["pre-rmsnorm", "pre-seednorm", "pre-derf", "rezero",
+                                                       "nanochat"]
+    checks = {t["variant"]: t["agrees"] for t in data["theory"] if t["variant"] in ("pre-seednorm", "rezero")}
+    assert checks == {"pre-seednorm": True, "rezero": True}
+    assert "rezero " in capsys.readouterr().out
+
+
+def test_theory_checks_for_seednorm_and_rezero_differ_when_they_should():
+    pre = {**synthetic("pre-rmsnorm", 4), "loss": 5.0}
+    seed = {**synthetic("pre-seednorm", 4), "loss": 5.01}
+    moving = {**synthetic("rezero", 4, rms=[0.02, 0.03, 0.04, 0.05]), "block_cosine": [0.9] * 4}
+    verdicts = {v: agrees for v, _, _, agrees in signal_propagation.theory([pre, seed, moving], 16, 0.25)}
+    assert (verdicts["pre-seednorm"], verdicts["rezero"]) == (False, False)
+    same = {**seed, "loss": 5.0}
+    still = {**synthetic("rezero", 4, rms=[0.02] * 4), "block_cosine": [1.0] * 4}
+    verdicts = {v: agrees for v, _, _, agrees in signal_propagation.theory([pre, same, still], 16, 0.25)}
+    assert (verdicts["pre-seednorm"], verdicts["rezero"]) == (True, True)

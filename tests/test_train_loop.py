@@ -8,6 +8,7 @@ import torch
 
 import trainer.train_pretrain as tp
 from trainer.args import parse_args
+from trainer.optim import OPTIMIZERS
 from trainer.tracking import read_metrics
 
 # Every way Python code reads a tensor's value on the host; on CUDA each one waits for the GPU.
@@ -58,11 +59,14 @@ def test_host_reads_only_on_steps_that_log_evaluate_or_save(train_args, monkeypa
     assert set(reads) == {3, 7}
 
 
-def test_non_finite_step_is_skipped_on_the_device_and_reported(train_args, built):
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_non_finite_step_is_skipped_on_the_device_and_reported(train_args, built, optimizer):
     """Divergence between two log steps: the loop sees it only at the next log step, yet the weights it ends
-    with are those after the last good step, bit for bit, and it reports the step that went bad."""
+    with are those after the last good step, bit for bit, and it reports the step that went bad. With Muon too,
+    whose step has no skip flag of its own (trainer/optim.py puts its weights and momenta back)."""
     blow_up = ["--learning_rate", 1e6, "--warmup_steps", 3, "--grad_clip", 0, "--norm", "none",
-               "--lr_decay_steps", 30, "--log_interval", 30, "--eval_interval", 30, "--save_interval", 30]
+               "--lr_decay_steps", 30, "--log_interval", 30, "--eval_interval", 30, "--save_interval", 30,
+               "--optimizer", optimizer]
     summary = tp.train(train_args(*blow_up, "--max_steps", 30))
     good_steps = summary["step"]
     assert summary["diverged"] and 1 <= good_steps < 29  # found at step 30, it happened well before
@@ -77,7 +81,8 @@ def test_non_finite_step_is_skipped_on_the_device_and_reported(train_args, built
         assert torch.equal(a, b)
 
 
-def test_float16_with_grad_scaler_skips_overflowing_steps(train_args, monkeypatch):
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_float16_with_grad_scaler_skips_overflowing_steps(train_args, monkeypatch, optimizer):
     """fp16 autocast trains through a GradScaler; a scale too large for fp16 makes the gradients overflow, and
     those steps are skipped on the device (no update, no AdamW step count) while the scale backs off: routine
     for fp16, so the run goes on and is not reported as diverged."""
@@ -89,12 +94,13 @@ def test_float16_with_grad_scaler_skips_overflowing_steps(train_args, monkeypatc
     build_optimizer = tp.build_optimizer
     monkeypatch.setattr(tp, "build_optimizer", lambda *a: optimizers.append(build_optimizer(*a)) or optimizers[-1])
     summary = tp.train(train_args("--device", "cpu", "--dtype", "float16", "--max_steps", 16, "--log_interval", 8,
-                                  "--learning_rate", 3e-3, "--warmup_steps", 5))
+                                  "--learning_rate", 3e-3, "--warmup_steps", 5, "--optimizer", optimizer))
     assert not summary["diverged"] and summary["step"] == 16 and math.isfinite(summary["val_loss"])
     assert scalers[0].is_enabled()
     skipped = round(math.log2(init_scale / scalers[0].get_scale()))  # each overflow halves the scale
     assert 0 < skipped < 16
-    steps_taken = {state["step"].item() for state in optimizers[0].state.values()}
+    adamw = optimizers[0] if optimizer == "adamw" else optimizers[0].adamw
+    steps_taken = {state["step"].item() for state in adamw.state.values()}
     assert steps_taken == {16 - skipped}
 
 

@@ -17,6 +17,7 @@ from model import (
 )
 from trainer.checkpoint import find_checkpoints
 from trainer.device import pick_device
+from trainer.optim import OPTIMIZERS
 from trainer.run_dir import no_checkpoint, previous_run
 
 # Defaults that depend on the device. The no-flag run must finish in minutes on a 2-core CPU, so off-GPU the
@@ -111,13 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
                             "to 0 and applied as 1 + w in float32 (Gemma 2/3), so --norm_weight_decay pulls the gain "
                             "toward 1 instead of 0")
     model.add_argument("--dyt_alpha_init", type=float, default=0.5,
-                       help="with --norm dyt: initial alpha of tanh(alpha * x) in every norm not set below, "
-                            "QK-norms included (0.5 is the DyT paper's default for non-LLM models)")
+                       help="with --norm dyt or derf: initial alpha of tanh(alpha * x) or erf(alpha * x + shift) in "
+                            "every norm not set below, QK-norms included (0.5 is the DyT paper's default for "
+                            "non-LLM models, and the Derf paper's)")
     for slot, where in (("attn", "the attention sublayer's norms (before it, in pre)"),
                         ("mlp", "the MLP sublayer's norms (before it, in pre)"), ("final", "the final norm")):
         model.add_argument(f"--dyt_alpha_init_{slot}", type=float, default=None,
-                           help=f"with --norm dyt: initial alpha of {where} (default: --dyt_alpha_init). The "
+                           help=f"with --norm dyt or derf: initial alpha of {where} (default: --dyt_alpha_init). The "
                                 "paper's LLaMA 7B recipe is attn 0.8, mlp 0.2, final 0.2; none exists for this size")
+    model.add_argument("--logit_softcap", type=float, default=0.0,
+                       help="soft-cap the logits z at C: C * tanh(z / C), in float32, in training and generation "
+                            "(Gemma 2 uses 30, nanochat 15); 0 = off")
 
     opt = p.add_argument_group("optimization")
     opt.add_argument("--max_steps", type=int, default=None, help=f"optimizer steps ({on_device('max_steps')})")
@@ -132,8 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "later --resume it with a larger --max_steps on the same schedule")
     opt.add_argument("--warmup_steps", type=int, default=None,
                      help=f"linear warmup steps, 0 = none ({on_device('warmup_steps')})")
+    opt.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
+                     help="adamw: AdamW for every parameter. muon: Muon (torch.optim.Muon) for the weight matrices "
+                          "inside the blocks (q, k, v, o, gate, up, down projections), AdamW for the rest "
+                          "(embeddings, an untied lm_head, norm parameters, scalars), with the one --learning_rate "
+                          "and --weight_decay: Muon's lr is scaled to match AdamW's update size")
     opt.add_argument("--weight_decay", type=float, default=0.1,
-                     help="AdamW weight decay on weight matrices (never on norms, biases, embeddings)")
+                     help="decoupled weight decay on weight matrices, AdamW's and Muon's (never on norms, biases, "
+                          "embeddings)")
     opt.add_argument("--norm_weight_decay", action="store_true",
                      help="also apply --weight_decay to norm gains (pulls a gain toward 0, or toward 1 with --norm_gain "
                           "one_plus_w; default off)")
@@ -195,6 +206,7 @@ FLAG_ROLES = {
     "norm": ARCH, "norm_position": ARCH, "mix_ln_fraction": ARCH, "norm_scaling": ARCH, "qk_norm": ARCH,
     "v_norm": ARCH, "attn_gate": ARCH, "attn_sinks": ARCH, "sub_norm": ARCH, "embed_norm": ARCH, "norm_gain": ARCH,
     "dyt_alpha_init": ARCH, "dyt_alpha_init_attn": ARCH, "dyt_alpha_init_mlp": ARCH, "dyt_alpha_init_final": ARCH,
+    "logit_softcap": ARCH, "optimizer": FIXED,
     "max_steps": ADJUSTABLE, "batch_size": FIXED, "accumulation_steps": FIXED, "learning_rate": ADJUSTABLE,
     "min_lr": ADJUSTABLE, "lr_decay_steps": ADJUSTABLE, "warmup_steps": ADJUSTABLE, "weight_decay": FIXED,
     "norm_weight_decay": FIXED, "grad_clip": ADJUSTABLE,

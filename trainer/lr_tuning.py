@@ -86,3 +86,13 @@ def paired_difference(losses: dict[int, float | None], baseline: dict[int, float
                    if losses[s] is not None and baseline[s] is not None
                    and math.isfinite(losses[s]) and math.isfinite(baseline[s]))
     return PairedDifference({s: losses[s] - baseline[s] for s in seeds})
+
+
+def same_cpu_type(run: dict, other: dict) -> bool:
+    """Whether two runs (their summaries) ran on the same type of CPU: the same model name and the same vector and
+    matrix extensions (AVX2, AVX-512, AMX; common/environment.py records both). Only such runs' times compare,
+    and only their float32 results can agree to the bit: other kernels run, and round differently. A model name
+    alone is not enough, since virtual machines often report a generic one ('Intel(R) Xeon(R) Processor') over
+    different hardware. False when either run does not say (recorded before the extensions were)."""
+    a, b = run.get("environment", {}), other.get("environment", {})
+    return all(a.get(key) is not None and a.get(key) == b.get(key) for key in ("cpu", "cpu_isa"))

@@ -61,7 +61,7 @@ from trainer.diagnostics import (
 )
 from trainer.evaluation import evaluate
 from trainer.memory import require_model_fits, require_step_fits
-from trainer.optim import build_optimizer, lr_at, step_unless
+from trainer.optim import MuonWithAdamW, build_optimizer, lr_at, step_unless
 from trainer.plots import plot_layer_profiles
 from trainer.process import InterruptGuard, StopFlag, barrier, peer_failures_in_one_line, setup_distributed
 from trainer.resume import check_resumable, data_fingerprint, keep_metrics_up_to
@@ -222,7 +222,7 @@ class TrainState:
     """What the loop advances and a checkpoint records, and how the loop ended."""
     raw_model: MiniMindForCausalLM
     model: torch.nn.Module  # raw_model as it trains: compiled and/or wrapped in DDP
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | MuonWithAdamW
     scaler: torch.amp.GradScaler
     sampler: Prefetcher
     window: Window
@@ -283,7 +283,8 @@ def start_or_resume(job: Job, config: MiniMindConfig | None, splits: Splits) -> 
     else:
         raw_model, saved = build_model(config, args.seed), None
     raw_model.to(job.device).train()
-    optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay, args.norm_weight_decay)
+    optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay, args.norm_weight_decay,
+                                args.optimizer)
     scaler = torch.amp.GradScaler(job.device.type, enabled=job.dtype == torch.float16)
     state = TrainState(raw_model, raw_model, optimizer, scaler, sampler, Window(torch.zeros((), device=job.device)))
     if saved is not None:
