@@ -5,6 +5,7 @@
     python scripts/run_ablation.py --variants pre-rmsnorm post-rmsnorm deepnorm-rmsnorm --depths 8 16 32
     python scripts/run_ablation.py --learning_rates 1e-3 3e-3 1e-2 --warmup_steps 0 50   # stability grid
     python scripts/run_ablation.py --tune_lr 1e-3 2e-3 4e-3 8e-3 1.6e-2 --seeds 0 1 2     # fair study
+    torchrun --nproc_per_node 8 scripts/run_ablation.py --tune_lr 1e-3 2e-3 4e-3 --seeds 0 1 2   # 8 runs at a time
 
 Every run goes through trainer.train_pretrain.train (the same code as `python trainer/train_pretrain.py`),
 with identical data, seed list and step budget; any trainer flag passes through. A variant is
@@ -18,6 +19,12 @@ grows by one point past an edge that wins, or below its lowest lr when nothing t
 then do the other seeds train, at that lr.
 The choice is written to tuning.json and lr_sensitivity.png; results.md compares the variants at their chosen lrs,
 with paired per-seed differences against --baseline (trainer/lr_tuning.py has the rules).
+
+Under torchrun (--parallel runs, the default) the ranks train whole runs side by side, each alone on its own GPU or
+its share of the CPU cores, each run exactly as above; across nodes too (--nnodes, with an --out_dir all of them
+share). A rank takes the next run no other rank holds; with --tune_lr, grid runs go out first and a variant's other
+seeds once its choice is made (study/parallel.py). Rank 0 writes the report. --parallel data trains every run in
+turn across all ranks instead (data parallelism), for a model too big for one device.
 """
 
 import copy
@@ -26,6 +33,7 @@ import math
 import os
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,9 +42,10 @@ import numpy as np
 
 from common.cli import ArgumentParser, UserError, run_cli
 from common.environment import describe, environment
-from data import load_tokenizer, prepare_split
+from data import default_cache_dir, load_tokenizer, prepare_split
 from model import NORM_TYPES, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
 from model.variants import variant_problem
+from study.parallel import Worker, require_locks, train_in_parallel, waiting_claim
 from trainer import lr_tuning
 from trainer.args import build_parser, fill_device_defaults, flags_with, recorded_value, validate
 from trainer.checkpoint import find_checkpoints
@@ -80,6 +89,11 @@ def parse_args(argv=None):
                         f"depth; when given, one of --variants (default: {DEFAULT_BASELINE}, compared with when it "
                         "is one of --variants)")
     p.add_argument("--out_dir", default="out/ablation", help="study folder: runs/, plots, results.md")
+    p.add_argument("--parallel", choices=("runs", "data"), default="runs",
+                   help="under torchrun: runs, each rank trains whole runs of the study side by side, alone on its own "
+                        "GPU (or its share of the CPU cores), each as the study without torchrun would; data, every "
+                        "run in turn across all ranks with data parallelism (DDP), for a model too big for one "
+                        "device. Without torchrun nothing changes (default: runs)")
     own, rest = p.parse_known_args(argv)
     variants = [v for v in VARIANTS if not variant_problem(v)] if own.variants == ["all"] else own.variants
     for v in variants:
@@ -105,9 +119,9 @@ def parse_args(argv=None):
             raise UserError("--tune_lr takes one --warmup_steps value; run one study per warmup")
         if not all(math.isfinite(lr) and lr > 0 for lr in own.tune_lr):
             raise UserError(f"--tune_lr learning rates must be finite and > 0, got {own.tune_lr}")
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise UserError("--tune_lr runs in one process (every choice needs the full summary); start it "
-                            "without torchrun")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and own.parallel == "data":
+            raise UserError("--tune_lr with --parallel data would train each grid point across all ranks, one after "
+                            "another; use --parallel runs (the default), which trains the grid's runs side by side")
         own.tune_lr = sorted(set(own.tune_lr))
     own.baseline = own.baseline or DEFAULT_BASELINE
     own.variants = once("--variants", variants)
@@ -139,8 +153,11 @@ def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str
 # Flags that do not change what a run computes (their role in trainer/args.py), so a finished run made with other
 # values is still valid.
 BOOKKEEPING = set(flags_with("bookkeeping"))
-def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict:
-    """Train one configuration (or reuse its finished result) and return its summary."""
+
+
+def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int, job: str = "run"):
+    """The trainer flags of one run of the study. job: what the run is to the study, for its wandb tags
+    (trainer/args.py WANDB_JOBS)."""
     name = run_name(variant, depth, lr, warmup, seed)
     out_dir = Path(study.out_dir) / "runs" / name
     args = copy.copy(base)
@@ -154,22 +171,51 @@ def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed:
     args.out_dir, args.resume = str(out_dir), bool(find_checkpoints(out_dir))
     args.overwrite = not args.resume
     args.wandb_group = base.wandb_group or Path(study.out_dir).name
-    args.wandb_run_name = name
-    done = out_dir / "summary.json"
-    if done.exists():
-        summary = json.loads(done.read_text())
-        changed = sorted(k for k, v in vars(args).items()
-                         if k not in BOOKKEEPING and recorded_value(summary.get("args", {}), k) != v)
-        if changed:
-            raise UserError(f"{out_dir} was trained with other values of --{', --'.join(changed)}; "
-                            "use a new --out_dir for a different study")
-        if summary["diverged"] or summary["step"] >= base.max_steps:
-            if not (out_dir / "metrics.jsonl").is_file():  # the plateau rule and the figures read it
-                raise UserError(f"{out_dir} is finished but its metrics.jsonl is missing; restore it, or delete "
-                                "the run's folder to train it again")
-            return {**summary, "out_dir": str(out_dir)}  # where it is now, wherever the study ran from then
-    print(f"\n=== {name}")
-    return train(validate(args))
+    args.wandb_run_name, args.wandb_job = name, job
+    return args
+
+
+def finished_run(base, study, *run) -> dict | None:
+    """The summary of a run of the study that is finished (trained to --max_steps, or diverged), with out_dir where
+    it is now, wherever the study ran from then; None if it is not."""
+    args = run_args(base, study, *run)
+    out_dir = Path(args.out_dir)
+    if not (out_dir / "summary.json").exists():
+        return None
+    summary = json.loads((out_dir / "summary.json").read_text())
+    changed = sorted(k for k, v in vars(args).items()
+                     if k not in BOOKKEEPING and recorded_value(summary.get("args", {}), k) != v)
+    if changed:
+        raise UserError(f"{out_dir} was trained with other values of --{', --'.join(changed)}; "
+                        "use a new --out_dir for a different study")
+    if not (summary["diverged"] or summary["step"] >= base.max_steps):
+        return None
+    if not (out_dir / "metrics.jsonl").is_file():  # the plateau rule and the figures read it
+        raise UserError(f"{out_dir} is finished but its metrics.jsonl is missing; restore it, or delete "
+                        "the run's folder to train it again")
+    return {**summary, "out_dir": str(out_dir)}
+
+
+def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int, job: str = "run") -> dict:
+    """Train one configuration (or reuse its finished result) and return its summary."""
+    if (summary := finished_run(base, study, variant, depth, lr, warmup, seed)) is not None:
+        return summary
+    args = run_args(base, study, variant, depth, lr, warmup, seed, job)
+    print(f"\n=== {args.wandb_run_name}")
+    summary = train(validate(args))
+    if summary["diverged"]:  # a finished run ends in the trainer's own closing line; a diverged one in this
+        print(f"diverged: {summary['divergence']}; the study records it and goes on")
+    return summary
+
+
+def train_or_reuse(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int,
+                   job: str = "run") -> dict | None:
+    """run_one, stopping the study when the run was interrupted. None on DDP ranks other than 0 (they only get
+    the outcome, not the numbers)."""
+    summary = run_one(base, study, variant, depth, lr, warmup, seed, job)
+    if summary["interrupted"]:
+        raise StudyInterrupted
+    return summary if "out_dir" in summary else None
 
 
 def unigram_loss(base) -> float:
@@ -327,33 +373,6 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
     print("\n" + fair + results_table(groups, with_lr) + f"\n\nwrote {out / 'results.md'}")
 
 
-class StudyInterrupted(Exception):
-    """A run stopped on a signal; the same command continues the study where it stopped."""
-
-
-def train_or_reuse(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict | None:
-    """run_one, stopping the study when the run was interrupted. None on DDP ranks other than 0 (they only get
-    the outcome, not the numbers)."""
-    summary = run_one(base, study, variant, depth, lr, warmup, seed)
-    if summary["interrupted"]:
-        raise StudyInterrupted
-    return summary if "out_dir" in summary else None
-
-
-def grid_study(study, base) -> dict[tuple, list[dict]]:
-    """Every variant at every depth, lr, warmup and seed."""
-    groups: dict[tuple, list[dict]] = {}
-    for depth in study.depths:
-        for lr in study.learning_rates:
-            for warmup in study.warmup_steps:
-                for variant in study.variants:
-                    for seed in study.seeds:
-                        summary = train_or_reuse(base, study, variant, depth, lr, warmup, seed)
-                        if summary is not None:
-                            groups.setdefault((variant, depth, lr, warmup), []).append(summary)
-    return groups
-
-
 def tuning_point(lr: float, run: dict, unigram: float) -> lr_tuning.Point:
     """A finished run as a grid point: its final validation loss, usable unless it diverged or plateaued."""
     finite = not run["diverged"] and run["val_loss"] is not None and math.isfinite(run["val_loss"])
@@ -361,63 +380,161 @@ def tuning_point(lr: float, run: dict, unigram: float) -> lr_tuning.Point:
     return lr_tuning.Point(lr, run["val_loss"] if finite else None, usable)
 
 
-def tune_study(study, base) -> tuple[dict[tuple, list[dict]], list[dict]]:
+class StudyInterrupted(Exception):
+    """A run stopped on a signal; the same command continues the study where it stopped."""
+
+
+# One run of a study: (variant, depth, lr, warmup, seed).
+Run = tuple[str, int, float, int, int]
+
+
+@dataclass
+class Plan:
+    """Where a study stands, from its finished runs: those that can train now, in the order they go out, each with
+    its job (trainer/args.py WANDB_JOBS); the groups of finished runs the report compares; and with --tune_lr the
+    choice of every (variant, depth) made so far."""
+    pending: dict[Run, str]
+    groups: dict[tuple, list[dict]]
+    tuning: list[dict] | None = None
+
+
+def grid_plan(study, results: dict[Run, dict | None]) -> Plan:
+    """Every variant at every depth, lr, warmup and seed. A None result is a run this DDP rank took part in."""
+    runs = [(variant, depth, lr, warmup, seed) for depth in study.depths for lr in study.learning_rates
+            for warmup in study.warmup_steps for variant in study.variants for seed in study.seeds]
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        if results.get(run) is not None:
+            groups.setdefault(run[:4], []).append(results[run])
+    return Plan({run: "run" for run in runs if run not in results}, groups)
+
+
+def tune_plan(study, results: dict[Run, dict], point, say) -> Plan:
     """--tune_lr: per (variant, depth), the lr grid with the first seed (grown past a winning edge, or downwards
-    when nothing trains), then the other seeds at the chosen lr only. Returns the runs at each chosen lr and the
-    tuning record."""
-    unigram = unigram_loss(base)
-    warmup = study.warmup_steps[0]
-    first, *others = study.seeds
+    when nothing trains); once all its grid runs are finished, the choice, then the other seeds at the chosen lr
+    only. Grid runs go out before other seeds, so no rank idles while a grid still has runs to train. point(run)
+    is a finished run as a grid point; say(message) tells a decision once."""
+    warmup, first = study.warmup_steps[0], study.seeds[0]
+    grid_runs: dict[Run, str] = {}
+    seed_runs: dict[Run, str] = {}
     groups: dict[tuple, list[dict]] = {}
     tuning = []
     for depth in study.depths:
         for variant in study.variants:
-            lrs, runs = list(study.tune_lr), {}
+            lrs = list(study.tune_lr)
             for extension in range(lr_tuning.MAX_EXTENSIONS + 1):
-                for lr in lrs:
-                    if lr not in runs:
-                        runs[lr] = train_or_reuse(base, study, variant, depth, lr, warmup, first)
-                points = [tuning_point(lr, runs[lr], unigram) for lr in lrs]
+                missing = [(variant, depth, lr, warmup, first) for lr in lrs
+                           if (variant, depth, lr, warmup, first) not in results]
+                if missing:
+                    break
+                points = [point((variant, depth, lr, warmup, first)) for lr in lrs]
                 chosen = lr_tuning.choose_lr(points)
                 new = lr_tuning.edge_extension(lrs, chosen)
                 if new is None:
                     break
                 if extension == lr_tuning.MAX_EXTENSIONS:
                     if chosen is not None:
-                        print(f"{variant} L{depth}: the best lr, {chosen:g}, is still at the edge of the grid after "
-                              f"{lr_tuning.MAX_EXTENSIONS} extensions; it is kept, but a better one may lie outside")
+                        say(f"{variant} L{depth}: the best lr, {chosen:g}, is still at the edge of the grid after "
+                            f"{lr_tuning.MAX_EXTENSIONS} extensions; it is kept, but a better one may lie outside")
                     break
                 why = (f"the best lr, {chosen:g}, is at the edge of the grid" if chosen is not None
                        else "no lr of the grid trained without diverging or plateauing")
-                print(f"{variant} L{depth}: {why}; adding {new:g} (extension {extension + 1} of "
-                      f"{lr_tuning.MAX_EXTENSIONS})")
+                say(f"{variant} L{depth}: {why}; adding {new:g} (extension {extension + 1} of "
+                    f"{lr_tuning.MAX_EXTENSIONS})")
                 lrs = sorted([*lrs, new])
+            if missing:
+                grid_runs.update(dict.fromkeys(missing, "grid"))
+                continue
             tuning.append({"variant": variant, "depth": depth, "learning_rates": lrs,
                            "val_losses": [p.val_loss for p in points], "usable": [p.usable for p in points],
                            "chosen_lr": chosen, "at_edge": chosen is not None and new is not None,
                            "usable_range": lr_tuning.usable_range(points)})
             if chosen is None:
-                print(f"{variant} L{depth}: no lr of {', '.join(f'{lr:g}' for lr in lrs)} trained without "
-                      "diverging or plateauing; its other seeds are not trained")
+                say(f"{variant} L{depth}: no lr of {', '.join(f'{lr:g}' for lr in lrs)} trained without "
+                    "diverging or plateauing; its other seeds are not trained")
                 continue
-            groups[variant, depth, chosen, warmup] = [
-                runs[chosen], *(train_or_reuse(base, study, variant, depth, chosen, warmup, s) for s in others)]
-    return groups, tuning
+            runs = [(variant, depth, chosen, warmup, seed) for seed in study.seeds]
+            if todo := [run for run in runs if run not in results]:
+                seed_runs.update(dict.fromkeys(todo, "seed"))
+            else:
+                groups[variant, depth, chosen, warmup] = [results[run] for run in runs]
+    return Plan({**grid_runs, **seed_runs}, groups, tuning)
+
+
+def train_study(study, base, worker: Worker) -> Plan:
+    """Train every run the study's plan asks for, one after another, or under torchrun with --parallel runs, side by
+    side with the other ranks (study/parallel.py); return the plan once nothing is left to train."""
+    results: dict[Run, dict | None] = {}
+    said = set()
+
+    def say(message: str) -> None:
+        if message not in said:
+            said.add(message)
+            print(message)
+
+    if study.tune_lr:
+        unigram, points = unigram_loss(base), {}
+
+        def point(run: Run) -> lr_tuning.Point:  # a finished run's point never changes: read its metrics once
+            if run not in points:
+                points[run] = tuning_point(run[2], results[run], unigram)
+            return points[run]
+        plan = lambda: tune_plan(study, results, point, say)  # noqa: E731
+    else:
+        plan = lambda: grid_plan(study, results)  # noqa: E731
+
+    if worker.world_size > 1 and study.parallel == "runs":
+        def pending() -> list[tuple[Run, str]]:
+            current = plan()
+            # runs other ranks finished since the last look (and, in turn, what their results let train)
+            while fresh := {run: s for run in current.pending if (s := finished_run(base, study, *run))}:
+                results.update(fresh)
+                current = plan()
+            return list(current.pending.items())
+
+        def train_one(item: tuple[Run, str]) -> None:
+            run, job = item
+            results[run] = train_or_reuse(base, study, *run, job)
+
+        train_in_parallel(pending, lambda item: Path(study.out_dir) / ".claims" / f"{run_name(*item[0])}.lock",
+                          lambda item: Path(study.out_dir) / "runs" / run_name(*item[0]), train_one,
+                          base.dist_timeout)
+        return plan()
+    while (current := plan()).pending:
+        run, job = next(iter(current.pending.items()))
+        results[run] = train_or_reuse(base, study, *run, job)
+    return current
+
+
+def tokenize_once(base) -> None:
+    """Under torchrun with --parallel runs: the corpus is tokenized by the first rank of each machine to get here
+    (into the token cache), while the others wait, then read its cache."""
+    cache = default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    with waiting_claim(cache / "tokenizing.lock", base.dist_timeout, "to tokenize the corpus"):
+        tokenizer = load_tokenizer(base.tokenizer_path)
+        for split in ("train", "validation"):
+            prepare_split(base.data_path, split, tokenizer, base.text_field, num_proc=base.num_proc,
+                          streaming=base.streaming)
 
 
 def main(argv: list[str] | None = None) -> None:
     study, base = parse_args(argv)
-    tuning = None
+    worker = Worker.from_environment()
+    runs_side_by_side = worker.world_size > 1 and study.parallel == "runs"
+    if runs_side_by_side:
+        worker.own_share(base)
+        require_locks(Path(study.out_dir) / ".claims")
+        tokenize_once(base)
     try:
-        if study.tune_lr:
-            groups, tuning = tune_study(study, base)
-        else:
-            groups = grid_study(study, base)
+        plan = train_study(study, base, worker)
     except StudyInterrupted:
         print("study interrupted; run the same command again to continue where it stopped")
         return
-    if groups or tuning:
-        report(study, base, groups, tuning)
+    if runs_side_by_side and worker.rank != 0:
+        return  # rank 0 writes the report, once every rank's runs are finished
+    if plan.groups or plan.tuning:
+        report(study, base, plan.groups, plan.tuning)
 
 
 if __name__ == "__main__":

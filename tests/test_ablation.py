@@ -14,6 +14,7 @@ from data import load_tokenizer, prepare_split
 from model import NORM_POSITIONS, NORM_TYPES, PLACEMENT_DEFAULTS, norm_variant
 from model.variants import NAMED, variant_problem
 from scripts import run_ablation
+from study.parallel import Worker
 from trainer import args as trainer_args
 from trainer.args import build_parser
 from trainer.tracking import read_metrics
@@ -154,7 +155,7 @@ def test_all_is_every_variant_that_makes_a_model_and_one_that_makes_none_is_refu
 def test_repeated_seeds_and_variants_run_and_count_once(monkeypatch, capsys):
     trained = []
 
-    def fake_run(base, study, variant, depth, lr, warmup, seed):
+    def fake_run(base, study, variant, depth, lr, warmup, seed, job):
         trained.append((variant, lr, seed))
         return {"seed": seed, "diverged": False, "plateaued": False, "val_loss": 4.0 + seed / 100, "val_bpb": 1.0,
                 "tokens_per_s": None, "s_per_step": None, "norm_params": 10}
@@ -166,7 +167,7 @@ def test_repeated_seeds_and_variants_run_and_count_once(monkeypatch, capsys):
     assert capsys.readouterr().err.splitlines() == [
         "note: --variants repeats pre-rmsnorm; each runs and counts once",
         "note: --seeds repeats 1; each runs and counts once"]
-    groups = run_ablation.grid_study(study, base)
+    groups = run_ablation.train_study(study, base, Worker()).groups
     assert sorted(trained) == sorted({*trained}) and len(trained) == 4
     assert [len(runs) for runs in groups.values()] == [2, 2]
     assert "| 4.005 ± 0.007 | 1.000 ± 0.000 | — | — | 10 | 0/2 | 0/2 |" in run_ablation.results_table(groups, False)
@@ -177,7 +178,7 @@ def test_repeated_seeds_and_variants_run_and_count_once(monkeypatch, capsys):
         lr, abs(math.log2(lr / 2e-3)), True))
     study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "--seeds", "0", "1", "0", "1",
                                            "--tune_lr", "1e-3", "2e-3", "4e-3"])
-    groups, _ = run_ablation.tune_study(study, base)
+    groups = run_ablation.train_study(study, base, Worker()).groups
     assert trained == [("pre-rmsnorm", 1e-3, 0), ("pre-rmsnorm", 2e-3, 0), ("pre-rmsnorm", 4e-3, 0),
                        ("pre-rmsnorm", 2e-3, 1)]
     assert [[r["seed"] for r in runs] for runs in groups.values()] == [[0, 1]]
@@ -281,9 +282,15 @@ def test_depths_give_one_run_per_depth_with_that_many_layers(study):
     assert (out / "depth.png").stat().st_size > 0 and "![depth](depth.png)" in table
 
 
-def test_diverged_run_is_recorded_not_fatal(study):
+def test_diverged_run_is_recorded_not_fatal_and_each_run_ends_in_one_line(study, capsys):
     out = study("--variants", "pre-none", "--seeds", "0", "--learning_rates", "1e-3", "1e6", "--warmup_steps", "0",
                 "--grad_clip", "0", "--max_steps", "30", "--eval_interval", "10")
+    printed = capsys.readouterr().out.split("\n=== ")[1:]
+    assert [run.splitlines()[0] for run in printed] == ["pre-none-L2-lr0.001-wu0-s0", "pre-none-L2-lr1e+06-wu0-s0"]
+    closing = [[line for line in run.splitlines() if line.startswith(("done:", "diverged:"))] for run in printed]
+    assert [len(lines) for lines in closing] == [1, 1]
+    assert closing[0][0].startswith("done: step 30/30, val loss ")
+    assert closing[1][0].startswith("diverged: the loss, gradient or weights became non-finite")
     runs = {Path(r["out_dir"]).name: r for r in json.loads((out / "results.json").read_text())}
     assert not runs["pre-none-L2-lr0.001-wu0-s0"]["diverged"]
     assert runs["pre-none-L2-lr1e+06-wu0-s0"]["diverged"]
@@ -358,6 +365,7 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
         ("post-rmsnorm", 0), ("post-rmsnorm", 1), ("pre-rmsnorm", 0), ("pre-rmsnorm", 1)]
     chosen = {t["variant"]: t["chosen_lr"] for t in tuning}
     assert all(r["args"]["learning_rate"] == chosen[r["variant"]] for r in results)
+    assert all(r["args"]["wandb_job"] == ("grid" if r["seed"] == 0 else "seed") for r in results)
     table = (out / "results.md").read_text()
     assert "## Each variant at its own best learning rate" in table and (out / "lr_sensitivity.png").stat().st_size
     post = next(line for line in table.splitlines() if line.startswith("| post-rmsnorm | 2 | "))
@@ -398,8 +406,9 @@ def test_a_variant_that_trains_at_no_lr_grows_its_grid_downwards_and_trains_no_o
     """The tuning loop on stand-in runs: every run of post-rmsnorm collapses, pre-rmsnorm's best is inside."""
     trained = []
 
-    def fake_run(base, study, variant, depth, lr, warmup, seed):
+    def fake_run(base, study, variant, depth, lr, warmup, seed, job):
         trained.append((variant, lr, seed))
+        assert job == ("grid" if seed == 0 else "seed")  # what the run is to the study: its wandb tag job=...
         return {"variant": variant, "lr": lr, "seed": seed, "val_loss": 4.0 + abs(math.log2(lr / 2e-3))}
     monkeypatch.setattr(run_ablation, "train_or_reuse", fake_run)
     monkeypatch.setattr(run_ablation, "unigram_loss", lambda base: 6.0)
@@ -407,7 +416,8 @@ def test_a_variant_that_trains_at_no_lr_grows_its_grid_downwards_and_trains_no_o
         lr, run["val_loss"], run["variant"] != "post-rmsnorm"))
     study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1",
                                            "--tune_lr", "1e-3", "2e-3", "4e-3"])
-    groups, tuning = run_ablation.tune_study(study, base)
+    plan = run_ablation.train_study(study, base, Worker())
+    groups, tuning = plan.groups, plan.tuning
     pre, post = tuning
     assert pre["chosen_lr"] == 2e-3 and pre["learning_rates"] == [1e-3, 2e-3, 4e-3] and not pre["at_edge"]
     assert post["chosen_lr"] is None and not post["at_edge"]

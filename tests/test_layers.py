@@ -1,5 +1,5 @@
-"""The packages form layers, each importing only those below it: common < data, model < trainer < scripts and
-eval_llm.py. A script is an entry point, never a library, so no script imports another."""
+"""The packages form layers, each importing only those below it: common < data, model < trainer < study <
+scripts and eval_llm.py. A script is an entry point, never a library, so no script imports another."""
 
 import ast
 from pathlib import Path
@@ -11,7 +11,8 @@ ALLOWED = {
     "data": {"common", "data"},
     "model": {"common", "model"},
     "trainer": {"common", "data", "model", "trainer"},
-    "scripts": {"common", "data", "model", "trainer", "scripts"},
+    "study": {"common", "data", "model", "trainer", "study"},
+    "scripts": {"common", "data", "model", "trainer", "study", "scripts"},
     "eval_llm": {"common", "data", "model", "trainer"},
 }
 

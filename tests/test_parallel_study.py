@@ -1,0 +1,222 @@
+"""study/parallel.py and the ablation runner under torchrun: ranks train whole runs side by side, each run exactly
+as the study without torchrun trains it, none twice, none lost when a rank is killed."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from common.cli import UserError
+from scripts import run_ablation
+from study import parallel
+from study.parallel import Worker, train_in_parallel, try_claim
+
+REPO = Path(__file__).resolve().parents[1]
+COMPARED = ("step", "diverged", "train_loss", "val_loss", "val_bpb", "num_params", "seed", "variant")
+
+
+def test_two_ranks_share_the_runs_and_train_each_once(tmp_path, monkeypatch):
+    """Two workers (threads here, processes under torchrun) over one folder of claims: every run trains once, both
+    work, and a run another worker finished drops out of what is pending."""
+    monkeypatch.setattr(parallel, "POLL_S", 0.01)
+    runs = [f"run{i}" for i in range(8)]
+    done, trained = tmp_path / "done", []
+    done.mkdir()
+
+    def pending():
+        return [run for run in runs if not (done / run).exists()]
+
+    def worker(name):
+        def train(run):
+            if not (done / run).exists():  # as the runner does, decided under the claim
+                trained.append((name, run))
+                time.sleep(0.02)
+                (done / run).write_text(name)
+        train_in_parallel(pending, lambda run: tmp_path / f"{run}.lock", lambda run: done, train, timeout_min=1)
+
+    threads = [threading.Thread(target=worker, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(run for _, run in trained) == runs  # each once
+    assert {name for name, _ in trained} == {"a", "b"}
+
+
+def test_a_claim_is_refused_while_held_and_free_once_released(tmp_path):
+    held = try_claim(tmp_path / "x.lock")
+    with held:
+        assert try_claim(tmp_path / "x.lock") is None
+    again = try_claim(tmp_path / "x.lock")
+    assert again is not None
+    again.close()
+
+
+def test_a_study_folder_without_file_locks_is_refused(tmp_path, monkeypatch):
+    parallel.require_locks(tmp_path / "claims")  # a local filesystem has them
+    with try_claim(tmp_path / "claims" / "probe.lock"):
+        parallel.require_locks(tmp_path / "claims")  # another rank probing at the same moment
+    monkeypatch.setattr(parallel, "exclusive_lock", lambda path: contextlib.nullcontext(False))
+    with pytest.raises(UserError, match="without file locks, so the ranks cannot share out the runs"):
+        parallel.require_locks(tmp_path / "claims")
+
+
+def test_an_idle_rank_gives_up_when_the_runs_it_waits_for_stop_changing(tmp_path, monkeypatch):
+    monkeypatch.setattr(parallel, "POLL_S", 0.01)
+    lock = tmp_path / "run.lock"
+    with try_claim(lock), pytest.raises(UserError, match=r"have not changed for 0.001 minutes \(--dist_timeout\)"):
+        train_in_parallel(lambda: ["run"], lambda run: lock, lambda run: tmp_path, lambda run: None,
+                          timeout_min=0.001)
+
+
+def test_a_worker_takes_its_own_share_and_hides_torchrun_from_the_trainer(monkeypatch):
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    worker = Worker.from_environment()
+    assert worker == Worker(rank=3, world_size=4, local_rank=1, local_world_size=2)
+    threads = parallel.torch.get_num_threads()
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 6)
+    base = run_ablation.parse_args(["--device", "cpu"])[1]
+    try:
+        worker.own_share(base)
+        assert parallel.torch.get_num_threads() == 3  # six cores, two ranks on this machine
+        assert (os.environ["WORLD_SIZE"], os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("1", "0", "0")
+    finally:
+        parallel.torch.set_num_threads(threads)
+
+
+def test_tuning_sends_every_grid_run_out_before_any_other_seed(monkeypatch):
+    study, _ = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1",
+                                        "--tune_lr", "1e-3", "2e-3", "4e-3"])
+    point = lambda run: run_ablation.lr_tuning.Point(run[2], abs(run[2] - 2e-3), True)  # noqa: E731
+    grid = {("pre-rmsnorm", 8, lr, study.warmup_steps[0], 0): {} for lr in (1e-3, 2e-3, 4e-3)}
+    plan = run_ablation.tune_plan(study, grid, point, print)  # pre's grid is done, post's not started
+    assert list(plan.pending.values()) == ["grid"] * 3 + ["seed"]
+    assert list(plan.pending)[-1] == ("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0], 1)
+    assert [t["variant"] for t in plan.tuning] == ["pre-rmsnorm"] and plan.groups == {}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Under torchrun, in fresh processes
+
+
+def torchrun(flags: list[str], env: dict, log: Path, ranks: int = 2) -> subprocess.Popen:
+    """The runner under torchrun, its output into log (a pipe nobody reads while the test polls would fill up and
+    stop the ranks)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+               str(REPO / "scripts" / "run_ablation.py"), *flags]
+    with open(log, "w") as out:
+        return subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+
+
+def finish(process: subprocess.Popen, log: Path) -> str:
+    """Wait for the torchrun started by torchrun(); its output."""
+    process.wait(timeout=600)
+    return log.read_text()
+
+
+@pytest.fixture
+def runner(tmp_path, tiny_flags):
+    """(flags of a tiny study in folder `name`, environment): the token cache shared, one thread a process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(MINIMIND_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", HOME=str(tmp_path))
+
+    def flags(name: str, *more: str) -> list[str]:
+        return ["--out_dir", str(tmp_path / name), *tiny_flags, "--log_interval", "5", "--dist_timeout", "2", *more]
+    return flags, env
+
+
+def sequential(flags: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "run_ablation.py"), *flags], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+
+
+def summaries(study: Path) -> dict[str, dict]:
+    return {Path(r["out_dir"]).name: {k: r[k] for k in COMPARED}
+            for r in json.loads((study / "results.json").read_text())}
+
+
+@pytest.mark.slow  # torchrun, two ranks, and the same study without it
+def test_a_study_under_torchrun_trains_each_run_once_exactly_as_without(runner, tmp_path):
+    flags, env = runner
+    study = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--max_steps", "20",
+             "--eval_interval", "10")
+    alone = sequential(flags("alone", *study), env)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    side_by_side = torchrun(flags("ranks", *study), env, tmp_path / "ranks.log")
+    out = finish(side_by_side, tmp_path / "ranks.log")
+    assert side_by_side.returncode == 0, out[-3000:]
+    assert summaries(tmp_path / "ranks") == summaries(tmp_path / "alone")  # bit for bit
+    assert sorted(line for line in out.splitlines() if line.startswith("=== ")) == sorted(
+        line for line in alone.stdout.splitlines() if line.startswith("=== "))  # each of the 4 runs once
+    assert out.count("wrote ") == 1 and (tmp_path / "ranks" / "results.md").is_file()  # the report, by rank 0
+
+
+@pytest.mark.slow  # torchrun twice, and the same study without it
+def test_a_tuned_study_under_torchrun_makes_the_same_choices_and_a_rerun_trains_nothing(runner, tmp_path):
+    flags, env = runner
+    study = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--tune_lr", "3e-3", "3e-2",
+             "--max_steps", "12", "--eval_interval", "6", "--warmup_steps", "0")
+    alone = sequential(flags("alone", *study), env)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    first = torchrun(flags("ranks", *study), env, tmp_path / "first.log")
+    out = finish(first, tmp_path / "first.log")
+    assert first.returncode == 0, out[-3000:]
+    tuning = json.loads((tmp_path / "ranks" / "tuning.json").read_text())
+    assert tuning == json.loads((tmp_path / "alone" / "tuning.json").read_text())
+    assert summaries(tmp_path / "ranks") == summaries(tmp_path / "alone")
+    trained = sorted(line[4:] for line in out.splitlines() if line.startswith("=== "))
+    assert trained == sorted(p.name for p in (tmp_path / "ranks" / "runs").iterdir())  # once each
+    again = torchrun(flags("ranks", *study), env, tmp_path / "again.log")
+    out = finish(again, tmp_path / "again.log")
+    assert again.returncode == 0 and "=== " not in out, out[-3000:]
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is pid (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.slow  # torchrun twice, and the same study without it
+def test_a_rank_killed_mid_study_loses_nothing_and_the_same_command_finishes_it(runner, tmp_path):
+    flags, env = runner
+    study = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--max_steps", "400",
+             "--eval_interval", "100", "--save_interval", "50")
+    folder = tmp_path / "ranks" / "runs"
+    first = torchrun(flags("ranks", *study), env, tmp_path / "first.log")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # kill a rank once a run is finished and another holds a checkpoint
+        finished = {p.parent.name for p in folder.glob("*/summary.json")}
+        started = {p.parent.name for p in folder.glob("*/step-*")} - finished
+        if finished and started:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("no run finished while another was under way")
+    before = {name: (folder / name / "summary.json").read_text() for name in finished}
+    os.kill(max(children(first.pid)), signal.SIGKILL)
+    finish(first, tmp_path / "first.log")
+    assert first.returncode != 0
+    again = torchrun(flags("ranks", *study), env, tmp_path / "again.log")
+    out = finish(again, tmp_path / "again.log")
+    assert again.returncode == 0, out[-3000:]
+    assert {name: (folder / name / "summary.json").read_text() for name in finished} == before  # not trained again
+    assert not any(line[4:] in finished for line in out.splitlines() if line.startswith("=== "))
+    alone = sequential(flags("alone", *study), env)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert summaries(tmp_path / "ranks") == summaries(tmp_path / "alone")  # none lost: the resumed runs too
