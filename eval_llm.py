@@ -68,6 +68,7 @@ class Sampling:
     top_k: int = 0
     repetition_penalty: float = 1.0
     seed: int = 0
+    use_cache: bool = True  # the KV cache: the same tokens either way, it only saves recomputing the prefix
 
 
 @dataclass
@@ -161,7 +162,7 @@ def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(), s
     ids = encode_prompt(tokenizer, prompt, lm.config.max_position_embeddings, sampling.max_new_tokens)
     ids = ids.to(lm.device)
     options = {"max_new_tokens": sampling.max_new_tokens, "repetition_penalty": sampling.repetition_penalty,
-               "do_sample": sampling.temperature > 0}
+               "do_sample": sampling.temperature > 0, "use_cache": sampling.use_cache}
     if options["do_sample"]:  # greedy decoding would warn that these are unused
         options.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
@@ -313,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--repetition_penalty", type=float, default=Sampling.repetition_penalty,
                      help="divide the logits of tokens already present by this (1 = off)")
     gen.add_argument("--seed", type=int, default=Sampling.seed, help="random seed, set anew for every prompt")
+    gen.add_argument("--no_kv_cache", dest="use_cache", action="store_false",
+                     help="recompute the whole sequence for every new token instead of caching keys and values "
+                          "(slower; the same tokens, which makes it a check of the cache)")
 
     ev = p.add_argument_group("held-out evaluation")
     ev.add_argument("--eval_data", nargs="?", const="default", default=None, metavar="PATH|default",

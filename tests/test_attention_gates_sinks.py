@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
-from model.model_minimind import Attention
+from model.model_minimind import CACHE_FIELD, Attention
 from tests.tiny import FIXTURES, TINY, assert_bf16_autocast_trains, assert_saved_logits, ids, tiny_model
 from trainer.diagnostics import attention_sink_mass, excess_kurtosis, layer_stats
 
@@ -154,7 +154,7 @@ def test_kv_cache_matches_full_forward(overrides):
             steps = [out.logits]
             for t in range(6, 10):
                 out = model(x[:, t:t + 1], attention_mask=None if m is None else m[:, :t + 1],
-                            past_key_values=out.past_key_values, use_cache=True)
+                            past_key_values=getattr(out, CACHE_FIELD), use_cache=True)
                 steps.append(out.logits)
             torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
         generated = model.generate(x, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)

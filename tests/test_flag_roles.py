@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from common.cli import UserError
-from model import MiniMindConfig
+from model import MiniMindConfig, norm_variant
 from scripts import run_ablation
 from trainer import resume
 from trainer.args import ARCH, FLAG_ROLES, build_parser, config_fields, flags_with, parse_args, recorded_value
@@ -63,6 +63,21 @@ def test_model_config_sets_every_architecture_flag(tmp_path, tiny_tokenizer):
 def test_a_bad_architecture_names_the_flags_not_the_config_fields(flags, message, tmp_path, tiny_tokenizer):
     with pytest.raises(UserError, match=message):
         model_config(parse_args(["--out_dir", str(tmp_path), *flags]), tiny_tokenizer, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("position", ["hybrid", "hybrid_star"])
+def test_hybridnorm_alone_implies_its_qkv_norm_and_a_contradiction_names_both_flags(position, tmp_path,
+                                                                                     tiny_tokenizer):
+    def config(*flags):
+        return model_config(parse_args(["--out_dir", str(tmp_path), *flags]), tiny_tokenizer, torch.device("cpu"))
+
+    hybrid = config("--norm_position", position)
+    assert (hybrid.qk_norm, hybrid.v_norm) == ("head", "head")
+    assert norm_variant(hybrid) == f"{position}-rmsnorm"
+    assert (config().qk_norm, config().v_norm) == ("none", "none")  # every other placement implies neither
+    with pytest.raises(UserError, match=f"^--norm_position='{position}' .* implies --v_norm='head'; got "
+                                        "--v_norm='none'"):
+        config("--norm_position", position, "--v_norm", "none")
 
 
 def test_a_flag_missing_from_a_recorded_run_reads_as_the_behaviour_it_had():

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from model import NORM_POSITIONS, NORM_TYPES, MiniMindConfig, MiniMindForCausalLM, count_norms
-from model.model_minimind import QKV_PLACEMENTS, RMSNorm
+from model.model_minimind import CACHE_FIELD, QKV_PLACEMENTS, RMSNorm
 from tests.tiny import TINY, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,14 +67,14 @@ def test_kv_cache_decoding_matches_full_forward():
         full = model(x).logits
         out = model(x[:, :12], use_cache=True)
         steps = [out.logits]
-        cache = out.past_key_values
+        cache = getattr(out, CACHE_FIELD)
         for t in range(12, 20):
             out = model(x[:, t : t + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+            cache = getattr(out, CACHE_FIELD)
             steps.append(out.logits)
         # a multi-token chunk on top of a cache needs the explicit (offset) causal mask
         chunked = model(x[:, :15], use_cache=True)
-        rest = model(x[:, 15:], past_key_values=chunked.past_key_values, use_cache=True).logits
+        rest = model(x[:, 15:], past_key_values=getattr(chunked, CACHE_FIELD), use_cache=True).logits
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(rest, full[:, 15:], atol=1e-5, rtol=1e-5)
 

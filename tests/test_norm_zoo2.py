@@ -142,8 +142,8 @@ def test_one_plus_w_computes_in_float32_and_casts_last():
 
 
 @pytest.mark.parametrize("overrides,words", [
-    ({"norm_position": "hybrid"}, ("qk_norm", "v_norm")),
-    ({"norm_position": "hybrid_star", "qk_norm": "head"}, ("v_norm",)),
+    ({"norm_position": "hybrid", "qk_norm": "none"}, ("norm_position", "qk_norm")),
+    ({"norm_position": "hybrid_star", "qk_norm": "head", "v_norm": "none"}, ("norm_position", "v_norm")),
     ({"norm_position": "hybrid", "qk_norm": "proj", "v_norm": "head"}, ("qk_norm",)),
     ({"sub_norm": True, "norm_type": "none"}, ("sub_norm",)),
     ({"embed_norm": "norm", "norm_type": "none"}, ("embed_norm",)),

@@ -1,5 +1,6 @@
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+import eval_llm
 import model  # noqa: F401  (registers MiniMind with the Auto classes)
 import trainer.train_pretrain as tp
 from common.cli import run_cli
@@ -59,6 +61,39 @@ def train_in_process(args) -> dict:
 
 def losses(out_dir, split="train"):
     return [r["loss"] for r in read_metrics(Path(out_dir) / "metrics.jsonl") if r["split"] == split]
+
+
+def test_a_run_prints_each_evaluation_and_ends_in_one_line_saying_what_to_run_next(tmp_path, tiny_args, capsys):
+    out = tmp_path / "run"
+    summary = train_in_process([*tiny_args, "--out_dir", out, "--max_steps", 8, "--eval_interval", 4])
+    printed = capsys.readouterr().out.strip().splitlines()
+    val = [r for r in read_metrics(out / "metrics.jsonl") if r["split"] == "val"]
+    evals = [line for line in printed if line.startswith("step ")]
+    assert [line.split(" | ")[:2] for line in evals] == [
+        [f"step {r['step']}/8: val loss {r['loss']:.3f}, {r['bpb']:.3f} bits/byte", f"{r['tokens']:,} tokens"]
+        for r in val] and val[-1]["tokens"] == 8 * 4 * 32
+    closing = printed[-1]
+    assert closing.startswith(f"done: step 8/8, val loss {summary['val_loss']:.3f}, {summary['val_bpb']:.3f} "
+                              f"bits/byte, {summary['tokens_per_s']:,.0f} tokens/s, ")
+    assert f"| checkpoint {out / 'checkpoint'} | next: " in closing
+    # the next commands are eval_llm.py command lines that parse, on this run and its corpus
+    commands = [shlex.split(command) for command in closing.split(" | next: ")[1].split(" ; ")]
+    assert [command[:2] for command in commands] == [["python", "eval_llm.py"]] * 2
+    generate, evaluate = (eval_llm.parse_args(command[2:]) for command in commands)
+    assert generate.model_path == evaluate.model_path == str(out) and generate.prompt
+    assert evaluate.eval_data == tiny_args[tiny_args.index("--data_path") + 1]
+
+
+def test_a_corpus_the_tokenizer_covers_poorly_gets_one_warning(tmp_path, tiny_args, capsys):
+    chinese = tmp_path / "zh.jsonl"  # a tokenizer trained on The Tempest spells Chinese out byte by byte
+    poem = "床前明月光，疑是地上霜。举头望明月，低头思故乡。"
+    chinese.write_text("".join(json.dumps({"text": poem * (3 + i % 5)}, ensure_ascii=False) + "\n"
+                               for i in range(120)), encoding="utf-8")
+    train_in_process([*tiny_args, "--data_path", chinese, "--out_dir", tmp_path / "run", "--max_steps", 1])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "covers this corpus poorly" in line]
+    assert len(warnings) == 1 and "scripts/train_tokenizer.py" in warnings[0] and "--tokenizer_path" in warnings[0]
+    train_in_process([*tiny_args, "--out_dir", tmp_path / "english", "--max_steps", 1])  # the corpus it was made for
+    assert "covers this corpus poorly" not in capsys.readouterr().err
 
 
 def test_short_run_loss_falls_and_checkpoint_loads(trained_run):
@@ -163,19 +198,52 @@ def test_divergence_stops_with_clear_message_and_keeps_checkpoint(tmp_path, tiny
     assert all(torch.isfinite(t).all() for t in load_file(out / "checkpoint" / "model.safetensors").values())
 
 
+def wandb_records(path: Path) -> list:
+    """The records of an offline run's .wandb file: a LevelDB-style log (32 KiB blocks; each chunk a 7-byte header,
+    crc32c, length and type: whole, first, middle or last piece of a record) after a 7-byte file header, each record
+    a wandb_internal_pb2.Record."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data, records, pieces, pos = path.read_bytes(), [], b"", 7
+    while pos + 7 <= len(data):
+        left_in_block = 32 * 1024 - pos % (32 * 1024)
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        if left_in_block < 7 or kind == 0:  # block padding
+            pos += left_in_block
+            continue
+        pieces = (b"" if kind in (1, 2) else pieces) + data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            records.append(Record.FromString(pieces))
+    return records
+
+
 @pytest.mark.slow  # a fresh interpreter and wandb's own service process
 def test_metrics_file_and_offline_wandb_run(tmp_path, env, tiny_flags_drawing_layers):
     out = tmp_path / "run"
     result = run([*tiny_flags_drawing_layers, "--out_dir", out, "--max_steps", 6, "--log_interval", 2, "--eval_interval", 3,
-                  "--use_wandb", "--wandb_group", "g1", "--wandb_run_name", "probe"], env, timeout=300)
+                  "--use_wandb", "--wandb_group", "g1", "--wandb_run_name", "probe", "--wandb_job", "grid",
+                  "--norm_position", "peri", "--qk_norm", "head"], env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert len(losses(out)) == 3 and len(losses(out, "val")) == 2
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
-    blob = b"".join(p.read_bytes() for p in runs[0].glob("*.wandb"))
-    # the binary log holds every key we logged (train, per-layer, validation) and the group and run name
-    for key in (b"grad_norm", b"tokens_per_s", b"residual_rms/01", b"layer_grad_norm/00", b"bpb", b"g1", b"probe"):
-        assert key in blob, key
+    records = wandb_records(next(runs[0].glob("*.wandb")))
+    run_record = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert (run_record.run_group, run_record.display_name) == ("g1", "probe")
+    assert {"variant=peri+qk_head-rmsnorm", "job=grid", "layers=2", "norm_type=rmsnorm", "norm_position=peri",
+            "qk_norm=head", "v_norm=none", "sub_norm=False"} <= set(run_record.tags)
+    # every key we logged (train, per-layer, validation), each under its split
+    logged = {item.nested_key[0] if item.nested_key else item.key
+              for r in records if r.WhichOneof("record_type") == "history" for item in r.history.item}
+    assert {"train/loss", "train/grad_norm", "train/tokens_per_s", "train/residual_rms/01",
+            "train/layer_grad_norm/00", "val/loss", "val/bpb"} <= logged, logged
+    # the run's summary keeps the lowest validation loss, whichever evaluation it came from
+    summary = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "summary":
+            summary.update({tuple(u.nested_key) or (u.key,): json.loads(u.value_json) for u in r.summary.update})
+    assert summary[("val/loss",)] == {"min": pytest.approx(min(losses(out, "val")))}
     assert list(runs[0].glob("files/media/images/layers_*.png"))  # the per-layer figure, as a wandb.Image
 
 

@@ -15,6 +15,7 @@ from model import (
     QK_NORMS,
     V_NORMS,
 )
+from model.model_minimind import QKV_PLACEMENTS
 from trainer.checkpoint import find_checkpoints
 from trainer.device import pick_device
 from trainer.optim import OPTIMIZERS
@@ -44,6 +45,10 @@ def on_device(name: str, unset: str = "") -> str:
     def shown(value):
         return unset if value is None else f"{value:g}"
     return f"default: {shown(DEVICE_DEFAULTS['cuda'][name])} on CUDA, {shown(DEVICE_DEFAULTS['cpu'][name])} on CPU"
+
+
+# What a run is to its study (--wandb_job): a plain run, a point of a learning-rate grid, another seed at the chosen lr
+WANDB_JOBS = ("run", "grid", "seed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "a = (2L)^(1/4) and init scaled by (8L)^(-1/4) (DeepNet); mix: the first "
                             "--mix_ln_fraction of the blocks post, the rest pre, final norm (Mix-LN); hybrid: "
                             "N(x + Attn(x)) with q, k, v normalized per head, then h + FFN(h) with no norm, final "
-                            "norm (HybridNorm; needs --qk_norm head --v_norm head); hybrid_star: block 0 pre, the "
+                            "norm (HybridNorm; implies --qk_norm head --v_norm head); hybrid_star: block 0 pre, the "
                             "rest hybrid (HybridNorm*)")
     model.add_argument("--mix_ln_fraction", type=float, default=0.25,
                        help="with --norm_position mix: share of the blocks, counted from the input, that are "
@@ -85,13 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--norm_scaling", default="none", choices=NORM_SCALINGS,
                        help="depth: multiply the input norms of block l (l = 1..L) by 1/sqrt(l) (LayerNorm "
                             "Scaling, 'The Curse of Depth'); only with --norm_position pre or mix")
-    model.add_argument("--qk_norm", default="none", choices=QK_NORMS,
+    model.add_argument("--qk_norm", default=None, choices=QK_NORMS,
                        help="normalize queries and keys before RoPE with --norm's statistics. head: over each "
                             "head's dimensions (Qwen3, Gemma 3); proj: over the whole q and k projections, "
-                            "across heads (OLMo 2)")
-    model.add_argument("--v_norm", default="none", choices=V_NORMS,
+                            "across heads (OLMo 2) (default: head with --norm_position hybrid or hybrid_star, "
+                            "else none)")
+    model.add_argument("--v_norm", default=None, choices=V_NORMS,
                        help="head: normalize each head's values before attention with --norm's statistics "
-                            "(self_attn.v_norm; with --qk_norm head this is Gemma 3n/4's QKV-norm)")
+                            "(self_attn.v_norm; with --qk_norm head this is Gemma 3n/4's QKV-norm) (default: "
+                            "head with --norm_position hybrid or hybrid_star, else none)")
     model.add_argument("--attn_gate", default="none", choices=ATTN_GATES,
                        help="scale each head's attention output by sigmoid(gate), the gate computed by q_proj from "
                             "the attention's input (Gated Attention, Qiu et al. 2025). elementwise: one gate per "
@@ -179,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no_layers_plot", action="store_true",
                      help="skip layers.png, the per-layer figure drawn at the end of a run (about a second of "
                           "matplotlib on a CPU, more than a tiny run's training)")
-    run.add_argument("--num_proc", type=int, default=None, help="processes for tokenizing the corpus")
+    run.add_argument("--num_proc", type=int, default=None,
+                     help="processes for tokenizing the corpus (default: the cores this process may use)")
     run.add_argument("--dist_timeout", type=float, default=30,
                      help="minutes a process waits for the others under torchrun (a collective, or local rank 0 "
                           "tokenizing the corpus on first use) before the job fails instead of hanging")
@@ -190,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--wandb_project", default="minimind-norm", help="wandb project")
     log.add_argument("--wandb_run_name", default=None, help="wandb run name (default: <variant>-s<seed>, e.g. pre-rmsnorm-s0)")
     log.add_argument("--wandb_group", default=None, help="wandb group (the ablation runner sets one per study)")
+    log.add_argument("--wandb_job", default="run", choices=WANDB_JOBS,
+                     help="what the run is to its study, as a wandb tag (job=...): run, a plain run; grid, a point of "
+                          "a learning-rate grid; seed, another seed at a chosen learning rate (the ablation runner "
+                          "sets it)")
     return p
 
 
@@ -216,6 +228,7 @@ FLAG_ROLES = {
     "resume": BOOKKEEPING, "overwrite": BOOKKEEPING, "keep_checkpoints": BOOKKEEPING, "no_layers_plot": BOOKKEEPING,
     "num_proc": BOOKKEEPING, "dist_timeout": BOOKKEEPING,
     "use_wandb": BOOKKEEPING, "wandb_project": BOOKKEEPING, "wandb_run_name": BOOKKEEPING, "wandb_group": BOOKKEEPING,
+    "wandb_job": BOOKKEEPING,
 }
 # An architecture flag sets the model-config field of its name, except these.
 CONFIG_FIELD = {"norm": "norm_type"}
@@ -266,6 +279,9 @@ def fill_device_defaults(args: argparse.Namespace) -> argparse.Namespace:
             setattr(args, name, value)
     if args.diag_interval is None:
         args.diag_interval = args.log_interval
+    for name in ("qk_norm", "v_norm"):  # the placement's own (HybridNorm normalizes q, k and v), as in the config
+        if getattr(args, name) is None:
+            setattr(args, name, "head" if args.norm_position in QKV_PLACEMENTS else "none")
     return args
 
 

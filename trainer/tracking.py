@@ -36,13 +36,17 @@ def wandb_mode() -> str:
 
 
 def flatten(record: dict) -> dict:
-    """{'residual_rms': [a, b]} -> {'residual_rms/00': a, 'residual_rms/01': b}: one wandb chart per layer."""
-    flat = {}
+    """A record as wandb charts: keys under their split, so train and validation loss are two charts, and a
+    per-layer list as one chart per layer: {'split': 'train', 'residual_rms': [a, b]} -> {'train/residual_rms/00':
+    a, 'train/residual_rms/01': b}. The step stays the x-axis of all of them."""
+    flat = {"step": record["step"]}
     for key, value in record.items():
+        if key in ("step", "split"):
+            continue
         if isinstance(value, list):
-            flat.update({f"{key}/{i:02d}": v for i, v in enumerate(value)})
+            flat.update({f"{record['split']}/{key}/{i:02d}": v for i, v in enumerate(value)})
         else:
-            flat[key] = value
+            flat[f"{record['split']}/{key}"] = value
     return flat
 
 
@@ -50,21 +54,24 @@ class Tracker:
     """Appends every record to out_dir/metrics.jsonl and mirrors it to a wandb run."""
 
     def __init__(self, out_dir: Path, use_wandb: bool, config: dict, project: str, name: str,
-                 group: str | None, run_id: str | None):
+                 group: str | None, run_id: str | None, tags: list[str] = ()):
         self.path = Path(out_dir) / "metrics.jsonl"
         self.file = self.path.open("a")
-        self.run = self._init_wandb(out_dir, config, project, name, group, run_id) if use_wandb else None
+        self.run = self._init_wandb(out_dir, config, project, name, group, run_id, tags) if use_wandb else None
         if self.run is not None:
             # Charts use our own "step" as x-axis, not wandb's internal counter: after --resume the steps since
             # the last checkpoint are logged again, and wandb would drop them as going back in time.
             self.run.define_metric("step")
             self.run.define_metric("*", step_metric="step")
+            # A study table sorts runs by their best validation loss, not by wherever the last evaluation fell.
+            for key in ("val/loss", "val/bpb"):
+                self.run.define_metric(key, step_metric="step", summary="min")
 
     @staticmethod
-    def _init_wandb(out_dir, config, project, name, group, run_id):
+    def _init_wandb(out_dir, config, project, name, group, run_id, tags):
         import wandb
 
-        kwargs = dict(project=project, name=name, group=group, config=config, dir=str(out_dir),
+        kwargs = dict(project=project, name=name, group=group, config=config, dir=str(out_dir), tags=list(tags),
                       id=run_id, resume="allow" if run_id else None)
         mode = wandb_mode()
         if mode == "online":

@@ -12,11 +12,12 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -35,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
+from transformers.utils import logging as hf_logging
 
 from common.cli import UserError, cannot_write, run_cli
 from common.environment import environment
@@ -47,10 +49,10 @@ from data import (
     load_tokenizer,
     prepare_split,
 )
-from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
+from model import PLACEMENT_DEFAULTS, MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.model_minimind import NORM_MODULES
 from trainer.args import config_fields, device_defaults, parse_args
-from trainer.checkpoint import find_checkpoints, load_checkpoint, save_checkpoint, set_rng_state
+from trainer.checkpoint import LINK, find_checkpoints, load_checkpoint, save_checkpoint, set_rng_state
 from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, resolve_dtype
 from trainer.diagnostics import (
     block_grad_norms,
@@ -107,6 +109,14 @@ def require_window(data: PackedTokens, args) -> None:
                     f"tokens, fewer than --max_seq_len + 1 = {args.max_seq_len + 1}{fix}")
 
 
+# The config fields a variant name is made of (model/variants.py): the norm type and the placement's switches.
+VARIANT_FIELDS = ("norm_type", *PLACEMENT_DEFAULTS)
+# Fewer bytes per token than this means the tokenizer barely covers the corpus (its BPE merges were learned on other
+# text): the shipped tokenizer gives Shakespeare 2.95, German 2.3, Python 1.9 and Chinese 1.0.
+FEW_BYTES_PER_TOKEN = 1.5
+# A prompt for the embedded plays (Hamlet is a validation play), as the closing line suggests it.
+DEFAULT_PROMPT = "**HAMLET**  \nTo be, or not to be,"
+
 # A run can blow up and die without a NaN: AdamW's normalized steps keep the weights finite while the loss climbs
 # to thousands of nats, and it may later sit at exactly ln V (V = vocabulary size), the loss of a uniform guess, once
 # the logits no longer depend on the input. A run starts near ln V (small initial logits), but not every one:
@@ -148,6 +158,7 @@ def train(args) -> dict:
     """Run one training job and return its summary: the outcome on every rank, all the numbers on rank 0 (which
     also writes them to out_dir/summary.json). Rank 0 owns out_dir meanwhile (see trainer/run_dir.py)."""
     rank, world_size, device = setup_distributed(args.device, args.dist_timeout)
+    hf_logging.disable_progress_bar()  # save_pretrained's per-save "Writing model shards" bar would bury the log
     interrupts = InterruptGuard()
     try:
         tokenizer = load_tokenizer(args.tokenizer_path)
@@ -179,6 +190,7 @@ class Job:
     dtype: torch.dtype
     tokenizer: object
     out_dir: Path
+    started: float = field(default_factory=time.perf_counter)  # for the elapsed time the printed lines give
 
     @property
     def master(self) -> bool:
@@ -351,8 +363,11 @@ def open_tracking(job: Job, splits: Splits, state: TrainState, costs: Accounting
     run_config = {**vars(args), "num_params": costs.num_params, "norm_params": costs.norm_params,
                   "num_norms": costs.num_norms, "hidden_size": cfg.hidden_size, "world_size": job.world_size,
                   "device": str(device), "dtype": dtype_name, "data": splits.fingerprint}
+    # Tags to filter a study by in wandb: the variant, each of its fields, the depth and what the run is to its study.
+    tags = [f"variant={norm_variant(cfg)}", f"layers={cfg.num_hidden_layers}", f"job={args.wandb_job}",
+            *(f"{field}={getattr(cfg, field)}" for field in VARIANT_FIELDS)]
     tracker = Tracker(job.out_dir, args.use_wandb, run_config, args.wandb_project, run_name, args.wandb_group,
-                      state.run_id)
+                      state.run_id, tags)
     if device.type == "cpu":
         if dtype == torch.bfloat16 and not cpu_has_bf16_matmul():
             print("warning: this CPU has no bf16 matrix units; bf16 autocast trains far slower than float32",
@@ -363,6 +378,10 @@ def open_tracking(job: Job, splits: Splits, state: TrainState, costs: Accounting
         elif args.dtype == "auto" and cpu_has_bf16_matmul():
             print("note: this CPU has AMX bf16 units; --dtype bfloat16 may train faster than the float32 default",
                   file=sys.stderr)
+    if splits.train.bytes_per_token < FEW_BYTES_PER_TOKEN:
+        print(f"warning: the tokenizer covers this corpus poorly ({splits.train.bytes_per_token:.2f} bytes per token; "
+              "English text gets about 3): the model spends its capacity spelling out bytes. Train a tokenizer on "
+              "the corpus with scripts/train_tokenizer.py and pass it with --tokenizer_path", file=sys.stderr)
     print(f"model: {costs.num_params / 1e6:.2f}M parameters, {costs.num_norms} norms ({norm_variant(cfg)}), "
           f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | {device} {dtype_name} x{job.world_size} | "
           f"train {splits.train.num_tokens:,} tokens, "
@@ -391,15 +410,18 @@ def save(job: Job, splits: Splits, state: TrainState, tracker: Tracker | None) -
         }, job.args.keep_checkpoints)
 
 
-def run_eval(job: Job, splits: Splits, state: TrainState, tracker: Tracker | None) -> dict:
-    """On every rank, each evaluating its share of the windows; rank 0 logs the all-reduced loss."""
+def run_eval(job: Job, splits: Splits, state: TrainState, costs: Accounting, tracker: Tracker | None) -> dict:
+    """On every rank, each evaluating its share of the windows; rank 0 logs the all-reduced loss and prints it
+    in one line above the progress bar."""
     args = job.args
     loss = evaluate(state.raw_model, splits.val.tokens, args.batch_size, args.max_seq_len, args.eval_steps,
                     job.device, job.mixed_precision, rank=job.rank, world_size=job.world_size)
     record = {"step": state.step, "split": "val", "loss": loss, "bpb": bits_per_byte(loss, splits.val.bytes_per_token),
-              "train_time_s": state.train_time}
+              "train_time_s": state.train_time, "tokens": state.step * costs.tokens_per_step}
     if job.master:
         tracker.log(record)
+        tqdm.write(f"step {state.step}/{args.max_steps}: val loss {loss:.3f}, {record['bpb']:.3f} bits/byte | "
+                   f"{record['tokens']:,} tokens | {duration(time.perf_counter() - job.started)}")
     return record
 
 
@@ -532,7 +554,7 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
                                      tok_s=f"{tokens_per_s:.0f}" if tokens_per_s else "-")
                 state.window = Window(torch.zeros((), device=device), start=state.train_time)
             if eval_now and not state.divergence:
-                state.last_val = run_eval(job, splits, state, tracker)
+                state.last_val = run_eval(job, splits, state, costs, tracker)
                 val_loss = state.last_val["loss"]
                 state.divergence = val_divergence(val_loss, state.step, state.start_loss, state.lowest_loss,
                                                   state.spiked, vocab_size)
@@ -585,7 +607,41 @@ def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting
         raise cannot_write(out_dir / "summary.json", err, "the checkpoint is saved: free some space, then run the "
                            "same command with --resume to write it") from None
     tracker.close()
+    if not state.diverged:  # a diverged run ends in the error line that says what to change
+        print(closing_line(summary, time.perf_counter() - job.started))
     return summary
+
+
+def duration(seconds: float) -> str:
+    """'42s', '8m 14s', '2h 05m'."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def closing_line(summary: dict, wall_time: float) -> str:
+    """What a finished (or interrupted) run produced, where its checkpoint is and what to run next."""
+    args, out = summary["args"], shlex.quote(summary["out_dir"])
+    val = (f"val loss {summary['val_loss']:.3f}, {summary['val_bpb']:.3f} bits/byte" if summary["val_loss"] is not None
+           else "no evaluation")
+    speed = f"{summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "tokens/s not measured"
+    line = (f"{'stopped' if summary['interrupted'] else 'done'}: step {summary['step']}/{summary['max_steps']}, "
+            f"{val}, {speed}, {duration(wall_time)} | checkpoint {Path(summary['out_dir']) / LINK} | next: ")
+    if summary["interrupted"]:
+        return line + "the same command with --resume continues the run"
+    if args["data_path"] is None:
+        prompt, eval_data = DEFAULT_PROMPT, ""
+    else:
+        prompt, eval_data = "...", " " + shlex.quote(args["data_path"])
+    return line + (f"python eval_llm.py --model_path {out} --prompt {bash_word(prompt)} ; "
+                   f"python eval_llm.py --model_path {out} --eval_data{eval_data}")
+
+
+def bash_word(text: str) -> str:
+    """text as one bash word: $'...' where it holds a newline, which plain quotes cannot carry on one line."""
+    if "\n" not in text:
+        return shlex.quote(text)
+    return "$'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,92 @@
+"""How fast a corpus is tokenized and packed: the data layer's prepare_split (datasets' map over --num_proc processes,
+by default the cores this process may use) against the tokenizer's own encode_batch alone on the same documents.
+
+    python scripts/bench_tokenize.py                        # a 200 MB JSONL corpus built from the embedded plays
+    python scripts/bench_tokenize.py --num_proc 1 2         # also with one process, for the gain from the cores
+
+The corpus is MiniMind's pretraining format, one {"text": ...} object a line, documents of about 2 KB cut from the
+plays and repeated up to the size asked for. prepare_split reads the JSONL, tokenizes, appends end-of-text and
+writes the packed ids (train split: 99 of every 100 documents), into a fresh cache each time; encode_batch gets the
+same documents already in memory, in batches of 10,000, and does nothing else. The ratio is prepare_split's time
+over encode_batch's (1 = the packing pipeline costs nothing beyond tokenizing).
+"""
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import datasets
+
+from common.cli import ArgumentParser, UserError, run_cli
+from common.environment import describe, environment, usable_cores, version
+from data import HOLDOUT_EVERY, load_tokenizer, prepare_split, shakespeare_plays
+
+DOCUMENT_BYTES = 2000
+ENCODE_BATCH = 10_000
+
+
+def build_corpus(path: Path, megabytes: float) -> int:
+    """Write a JSONL corpus of at least `megabytes` MB; return its number of documents."""
+    pieces = [play.read_text(encoding="utf-8") for play in shakespeare_plays()]
+    documents = [text[i : i + DOCUMENT_BYTES] for text in pieces for i in range(0, len(text), DOCUMENT_BYTES)]
+    lines = [json.dumps({"text": document}) + "\n" for document in documents]
+    written, count = 0, 0
+    with open(path, "w", encoding="utf-8") as f:
+        while written < megabytes * 1e6:
+            line = lines[count % len(lines)]
+            f.write(line)
+            written += len(line.encode())
+            count += 1
+    return count
+
+
+def train_documents(path: Path) -> list[str]:
+    """The train split's documents, as the data layer splits a source without a validation split of its own."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line)["text"] for i, line in enumerate(f) if i % HOLDOUT_EVERY]
+
+
+def main(argv=None) -> None:
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--megabytes", type=float, default=200, help="size of the JSONL corpus to build (default: 200)")
+    p.add_argument("--num_proc", type=int, nargs="+", default=[usable_cores()],
+                   help="prepare_split's process counts to time (default: the cores this process may use)")
+    p.add_argument("--tokenizer_path", default=None, help="tokenizer directory (default: the shipped data/tokenizer)")
+    args = p.parse_args(argv)
+    if not args.megabytes > 0 or any(n < 1 for n in args.num_proc):
+        raise UserError("--megabytes must be > 0 and --num_proc at least 1")
+    tokenizer = load_tokenizer(args.tokenizer_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.jsonl"
+        count = build_corpus(corpus, args.megabytes)
+        print(f"corpus: {corpus.stat().st_size / 1e6:.0f} MB, {count:,} documents")
+        packed_s = {}
+        for num_proc in args.num_proc:  # before encode_batch: its threads would disable the tokenizer's in forks
+            # a fresh datasets cache, or the second count would reuse the first one's JSON reading and map
+            datasets.config.HF_DATASETS_CACHE = Path(tmp) / f"datasets{num_proc}"
+            start = time.perf_counter()
+            packed = prepare_split(str(corpus), "train", tokenizer, cache_dir=Path(tmp) / f"cache{num_proc}",
+                                   num_proc=num_proc)
+            packed_s[num_proc] = time.perf_counter() - start
+        documents = train_documents(corpus)
+        start = time.perf_counter()
+        tokens = 0
+        for i in range(0, len(documents), ENCODE_BATCH):
+            encoded = tokenizer.backend_tokenizer.encode_batch(documents[i : i + ENCODE_BATCH], add_special_tokens=False)
+            tokens += sum(len(e.ids) for e in encoded)
+        encode_s = time.perf_counter() - start
+    if tokens + len(documents) != packed.num_tokens:  # each packed document ends in one end-of-text token
+        raise UserError(f"prepare_split packed {packed.num_tokens:,} tokens, encode_batch gave {tokens:,} plus "
+                        f"{len(documents):,} end-of-text tokens")
+    print(describe(environment()) + f" tokenizers {version('tokenizers')}, {usable_cores()} usable cores.")
+    print(f"encode_batch alone: {encode_s:.1f} s for {tokens:,} tokens")
+    for num_proc, seconds in packed_s.items():
+        print(f"prepare_split, num_proc {num_proc}: {seconds:.1f} s, {seconds / encode_s:.2f}x encode_batch's time")
+
+
+if __name__ == "__main__":
+    run_cli(main)
