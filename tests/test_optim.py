@@ -2,9 +2,6 @@
 trainer-level divergence and float16 tests run with both optimizers in test_train_loop.py."""
 
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -13,12 +10,11 @@ from model import VARIANTS, MiniMindConfig, MiniMindForCausalLM
 from model.variants import variant_problem
 from tests import test_trainer
 from tests.test_trainer import (
-    DDP_PROBE,
-    REPO,
     assert_same_run,
     refused,
     straight_and_in_halves,
     train_in_process,
+    train_two_ranks,
 )
 from tests.tiny import TINY, ids, tiny_model
 from trainer.optim import MuonWithAdamW, build_optimizer, step_unless
@@ -157,15 +153,7 @@ def test_exact_resume_with_muon(tmp_path, tiny_args, capsys):
 
 @pytest.mark.slow  # torchrun and two trainer processes
 def test_ddp_ranks_hold_the_same_weights_after_muon_steps(tmp_path, env, tiny_args):
-    probe = tmp_path / "probe.py"
-    probe.write_text(textwrap.dedent(DDP_PROBE.format(repo=str(REPO), out=str(tmp_path))))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe),
-           *tiny_args, "--out_dir", str(tmp_path / "run"), "--max_steps", "4", "--device", "cpu",
-           "--optimizer", "muon"]
-    result = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=REPO,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    r0, r1 = (torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in (0, 1))
+    r0, r1 = train_two_ranks(tmp_path, env, [*tiny_args, "--max_steps", "4", "--optimizer", "muon"])
     assert all(a != b for a, b in zip(r0["seen"], r1["seen"], strict=True))  # different data per rank
     assert all(torch.equal(r0["state"][k], r1["state"][k]) for k in r0["state"])  # identical weights
     saved = torch.load(tmp_path / "run" / "checkpoint" / "training_state.pt", weights_only=False)["optimizer"]

@@ -289,17 +289,21 @@ torch.save({{"seen": seen, "state": built[0].state_dict()}}, os.path.join({out!r
 """
 
 
-@pytest.mark.slow  # torchrun and two trainer processes
-def test_ddp_two_processes_gloo(tmp_path, env, tiny_args):
+def train_two_ranks(tmp_path, env, flags) -> tuple[dict, dict]:
+    """A run of the trainer under torchrun with 2 gloo ranks (DDP_PROBE): each rank's batches and final weights."""
     probe = tmp_path / "probe.py"
     probe.write_text(textwrap.dedent(DDP_PROBE.format(repo=str(REPO), out=str(tmp_path))))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe),
-           *tiny_args, "--out_dir", str(tmp_path / "run"), "--max_steps", "4", "--accumulation_steps", "2",
-           "--device", "cpu"]
+           *flags, "--out_dir", str(tmp_path / "run"), "--device", "cpu"]
     result = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=REPO,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    r0, r1 = (torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in (0, 1))
+    return tuple(torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in (0, 1))
+
+
+@pytest.mark.slow  # torchrun and two trainer processes
+def test_ddp_two_processes_gloo(tmp_path, env, tiny_args):
+    r0, r1 = train_two_ranks(tmp_path, env, [*tiny_args, "--max_steps", "4", "--accumulation_steps", "2"])
     assert len(r0["seen"]) == len(r1["seen"]) == 9  # 4 steps x 2 micro-batches, and the next one drawn ahead
     assert all(a != b for a, b in zip(r0["seen"], r1["seen"], strict=True))  # different data per rank
     assert all(torch.equal(r0["state"][k], r1["state"][k]) for k in r0["state"])  # identical weights
