@@ -64,14 +64,8 @@ def main(argv=None) -> None:
         corpus = Path(tmp) / "corpus.jsonl"
         count = build_corpus(corpus, args.megabytes)
         print(f"corpus: {corpus.stat().st_size / 1e6:.0f} MB, {count:,} documents")
-        packed_s = {}
-        for num_proc in args.num_proc:  # before encode_batch: its threads would disable the tokenizer's in forks
-            # a fresh datasets cache, or the second count would reuse the first one's JSON reading and map
-            datasets.config.HF_DATASETS_CACHE = Path(tmp) / f"datasets{num_proc}"
-            start = time.perf_counter()
-            packed = prepare_split(str(corpus), "train", tokenizer, cache_dir=Path(tmp) / f"cache{num_proc}",
-                                   num_proc=num_proc)
-            packed_s[num_proc] = time.perf_counter() - start
+        # encode_batch first: a datasets map over several processes turns the tokenizer's own threads off
+        # (TOKENIZERS_PARALLELISM=false) while it forks, and this process's later encode_batch ran at half speed
         documents = train_documents(corpus)
         start = time.perf_counter()
         tokens = 0
@@ -79,6 +73,14 @@ def main(argv=None) -> None:
             encoded = tokenizer.backend_tokenizer.encode_batch(documents[i : i + ENCODE_BATCH], add_special_tokens=False)
             tokens += sum(len(e.ids) for e in encoded)
         encode_s = time.perf_counter() - start
+        packed_s = {}
+        for num_proc in args.num_proc:
+            # a fresh datasets cache, or the second count would reuse the first one's JSON reading and map
+            datasets.config.HF_DATASETS_CACHE = Path(tmp) / f"datasets{num_proc}"
+            start = time.perf_counter()
+            packed = prepare_split(str(corpus), "train", tokenizer, cache_dir=Path(tmp) / f"cache{num_proc}",
+                                   num_proc=num_proc)
+            packed_s[num_proc] = time.perf_counter() - start
     if tokens + len(documents) != packed.num_tokens:  # each packed document ends in one end-of-text token
         raise UserError(f"prepare_split packed {packed.num_tokens:,} tokens, encode_batch gave {tokens:,} plus "
                         f"{len(documents):,} end-of-text tokens")
