@@ -44,7 +44,7 @@ from common.cli import ArgumentParser, UserError, run_cli
 from common.environment import describe, environment
 from data import default_cache_dir, load_tokenizer, prepare_split
 from model import NORM_TYPES, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
-from model.variants import variant_problem
+from model.variants import NAMED, variant_problem
 from study.parallel import Worker, require_locks, train_in_parallel, waiting_claim
 from trainer import lr_tuning
 from trainer.args import build_parser, fill_device_defaults, flags_with, recorded_value, validate
@@ -69,9 +69,9 @@ def parse_args(argv=None):
     p = ArgumentParser(description=__doc__,
                        epilog="All other flags are trainer flags (see python trainer/train_pretrain.py --help).")
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
-                   help=f"<placement>-<norm> names, or 'all' for every combination that makes a model (not, e.g., "
-                        f"hybrid-none: HybridNorm's q, k and v norms need a norm type); placements: "
-                        f"{' '.join(PLACEMENTS)}; norms: {' '.join(sorted(NORM_TYPES))}")
+                   help=f"<placement>-<norm> names, the whole names {' '.join(NAMED)}, or 'all' for every variant "
+                        f"that makes a model (not, e.g., hybrid-none: HybridNorm's q, k and v norms need a norm "
+                        f"type); placements: {' '.join(PLACEMENTS)}; norms: {' '.join(sorted(NORM_TYPES))}")
     p.add_argument("--seeds", nargs="+", type=int, default=[0],
                    help=f"each variant runs once per seed, in [0, {MAX_SEED}]")
     p.add_argument("--depths", nargs="+", type=int, default=None,
@@ -99,7 +99,8 @@ def parse_args(argv=None):
     for v in variants:
         if v not in VARIANTS:
             raise UserError(f"unknown variant {v!r}: a variant is <placement>-<norm> with placement one of "
-                            f"{', '.join(PLACEMENTS)} and norm one of {', '.join(sorted(NORM_TYPES))}; or 'all'")
+                            f"{', '.join(PLACEMENTS)} and norm one of {', '.join(sorted(NORM_TYPES))}; or one of "
+                            f"{', '.join(NAMED)}; or 'all'")
         if problem := variant_problem(v):
             raise UserError(f"variant {v!r} makes no model ({problem}); pair its placement with another norm "
                             "('all' runs every variant that makes one)")
