@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from common.cli import UserError
 from scripts import run_ablation
@@ -104,7 +105,7 @@ def test_tuning_sends_every_grid_run_out_before_any_other_seed(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Under torchrun, in fresh processes
+# Under torchrun, in fresh processes, against the same study trained in this process without it
 
 
 def torchrun(flags: list[str], env: dict, log: Path, ranks: int = 2) -> subprocess.Popen:
@@ -122,61 +123,35 @@ def finish(process: subprocess.Popen, log: Path) -> str:
     return log.read_text()
 
 
+def trained(log: str) -> list[str]:
+    """The runs a runner's output says it trained (a resumed run counts again)."""
+    return [line[4:] for line in log.splitlines() if line.startswith("=== ")]
+
+
 @pytest.fixture
-def runner(tmp_path, tiny_flags):
-    """(flags of a tiny study in folder `name`, environment): the token cache shared, one thread a process."""
+def runner(tmp_path, tiny_flags, monkeypatch):
+    """(flags of a tiny study in folder `name`, torchrun's environment, the study trained in this process): one
+    token cache for all, one thread per run (a run's float arithmetic depends on its thread count)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(MINIMIND_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", HOME=str(tmp_path))
+    monkeypatch.setenv("MINIMIND_CACHE", env["MINIMIND_CACHE"])
 
     def flags(name: str, *more: str) -> list[str]:
         return ["--out_dir", str(tmp_path / name), *tiny_flags, "--log_interval", "5", "--dist_timeout", "2", *more]
-    return flags, env
 
-
-def sequential(flags: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "run_ablation.py"), *flags], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    def alone(name: str, *more: str) -> None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            run_ablation.main(flags(name, *more))
+        finally:
+            torch.set_num_threads(threads)
+    return flags, env, alone
 
 
 def summaries(study: Path) -> dict[str, dict]:
     return {Path(r["out_dir"]).name: {k: r[k] for k in COMPARED}
             for r in json.loads((study / "results.json").read_text())}
-
-
-@pytest.mark.slow  # torchrun, two ranks, and the same study without it
-def test_a_study_under_torchrun_trains_each_run_once_exactly_as_without(runner, tmp_path):
-    flags, env = runner
-    study = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--max_steps", "20",
-             "--eval_interval", "10")
-    alone = sequential(flags("alone", *study), env)
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    side_by_side = torchrun(flags("ranks", *study), env, tmp_path / "ranks.log")
-    out = finish(side_by_side, tmp_path / "ranks.log")
-    assert side_by_side.returncode == 0, out[-3000:]
-    assert summaries(tmp_path / "ranks") == summaries(tmp_path / "alone")  # bit for bit
-    assert sorted(line for line in out.splitlines() if line.startswith("=== ")) == sorted(
-        line for line in alone.stdout.splitlines() if line.startswith("=== "))  # each of the 4 runs once
-    assert out.count("wrote ") == 1 and (tmp_path / "ranks" / "results.md").is_file()  # the report, by rank 0
-
-
-@pytest.mark.slow  # torchrun twice, and the same study without it
-def test_a_tuned_study_under_torchrun_makes_the_same_choices_and_a_rerun_trains_nothing(runner, tmp_path):
-    flags, env = runner
-    study = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--tune_lr", "3e-3", "3e-2",
-             "--max_steps", "12", "--eval_interval", "6", "--warmup_steps", "0")
-    alone = sequential(flags("alone", *study), env)
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    first = torchrun(flags("ranks", *study), env, tmp_path / "first.log")
-    out = finish(first, tmp_path / "first.log")
-    assert first.returncode == 0, out[-3000:]
-    tuning = json.loads((tmp_path / "ranks" / "tuning.json").read_text())
-    assert tuning == json.loads((tmp_path / "alone" / "tuning.json").read_text())
-    assert summaries(tmp_path / "ranks") == summaries(tmp_path / "alone")
-    trained = sorted(line[4:] for line in out.splitlines() if line.startswith("=== "))
-    assert trained == sorted(p.name for p in (tmp_path / "ranks" / "runs").iterdir())  # once each
-    again = torchrun(flags("ranks", *study), env, tmp_path / "again.log")
-    out = finish(again, tmp_path / "again.log")
-    assert again.returncode == 0 and "=== " not in out, out[-3000:]
 
 
 def children(pid: int) -> list[int]:
@@ -192,31 +167,57 @@ def children(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.slow  # torchrun twice, and the same study without it
-def test_a_rank_killed_mid_study_loses_nothing_and_the_same_command_finishes_it(runner, tmp_path):
-    flags, env = runner
-    study = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--max_steps", "400",
-             "--eval_interval", "100", "--save_interval", "50")
+@pytest.mark.slow  # torchrun twice, and the same study in this process
+def test_a_study_under_torchrun_trains_each_run_once_as_without_and_survives_a_killed_rank(runner, tmp_path):
+    """2 variants x 2 seeds on 2 ranks. A rank is killed once a run is finished and another has a checkpoint; the
+    same command then finishes the study: the finished run is not trained again, the others resume, and every
+    summary equals that of the study without torchrun, bit for bit (exact resume included)."""
+    flags, env, alone = runner
+    study = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--max_steps", "200",
+             "--eval_interval", "100", "--save_interval", "40")
     folder = tmp_path / "ranks" / "runs"
     first = torchrun(flags("ranks", *study), env, tmp_path / "first.log")
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # kill a rank once a run is finished and another holds a checkpoint
+    while time.monotonic() < deadline:
         finished = {p.parent.name for p in folder.glob("*/summary.json")}
         started = {p.parent.name for p in folder.glob("*/step-*")} - finished
         if finished and started:
             break
-        time.sleep(0.05)
+        time.sleep(0.02)
     else:
         pytest.fail("no run finished while another was under way")
     before = {name: (folder / name / "summary.json").read_text() for name in finished}
     os.kill(max(children(first.pid)), signal.SIGKILL)
-    finish(first, tmp_path / "first.log")
+    first_log = finish(first, tmp_path / "first.log")
     assert first.returncode != 0
     again = torchrun(flags("ranks", *study), env, tmp_path / "again.log")
-    out = finish(again, tmp_path / "again.log")
-    assert again.returncode == 0, out[-3000:]
+    again_log = finish(again, tmp_path / "again.log")
+    assert again.returncode == 0, again_log[-3000:]
     assert {name: (folder / name / "summary.json").read_text() for name in finished} == before  # not trained again
-    assert not any(line[4:] in finished for line in out.splitlines() if line.startswith("=== "))
-    alone = sequential(flags("alone", *study), env)
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    assert summaries(tmp_path / "ranks") == summaries(tmp_path / "alone")  # none lost: the resumed runs too
+    assert not set(trained(again_log)) & finished
+    assert set(trained(first_log)) | set(trained(again_log)) == {p.name for p in folder.iterdir()}
+    assert len(trained(first_log)) == len(set(trained(first_log)))  # no two ranks took the same run
+    assert again_log.count("wrote ") == 1 and (tmp_path / "ranks" / "results.md").is_file()  # the report, by rank 0
+    alone("alone", *study)
+    assert summaries(tmp_path / "ranks") == summaries(tmp_path / "alone")
+
+
+@pytest.mark.slow  # torchrun, and the same study in this process
+def test_a_tuned_study_under_torchrun_makes_the_same_choices_and_a_rerun_trains_nothing(runner, tmp_path,
+                                                                                         monkeypatch):
+    flags, env, alone = runner
+    study = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--tune_lr", "3e-3", "3e-2",
+             "--max_steps", "12", "--eval_interval", "6", "--warmup_steps", "0")
+    ranks = torchrun(flags("ranks", *study), env, tmp_path / "ranks.log")
+    log = finish(ranks, tmp_path / "ranks.log")
+    assert ranks.returncode == 0, log[-3000:]
+    assert sorted(trained(log)) == sorted(p.name for p in (tmp_path / "ranks" / "runs").iterdir())  # once each
+    alone("alone", *study)
+    assert json.loads((tmp_path / "ranks" / "tuning.json").read_text()) == json.loads(
+        (tmp_path / "alone" / "tuning.json").read_text())
+    assert summaries(tmp_path / "ranks") == summaries(tmp_path / "alone")
+
+    def no_training(args):
+        raise AssertionError(f"trained {args.out_dir} again")
+    monkeypatch.setattr(run_ablation, "train", no_training)
+    alone("ranks", *study)  # the same study folder, continued (here without torchrun): nothing left to train

@@ -598,16 +598,10 @@ LOST = ("error: rank {} lost another rank, which exited (its own error line says
         "--dist_timeout exits too); fix what stopped it, or raise --dist_timeout")
 
 
-@pytest.mark.slow  # two trainer processes, one held up for 8 s
-@pytest.mark.parametrize("stall,waits", [("tokenizing", 1), ("training", 0)])
-def test_a_rank_that_waits_past_the_timeout_and_its_peer_each_end_in_one_line(stall, waits, tmp_path, tiny_flags,
-                                                                             tiny_tokenizer, tiny_corpus, token_cache):
-    cache = tmp_path / "cache" if stall == "tokenizing" else token_cache  # tokenized afresh, or already
-    if stall == "training":
-        for split in ("train", "validation"):
-            prepare_split(tiny_corpus, split, tiny_tokenizer)
-    probe, meet, out = tmp_path / "probe.py", tmp_path / "meet", tmp_path / "run"
-    meet.mkdir()
+def start_two_ranks(stall: str, folder: Path, cache: Path, flags: list[str]) -> list[subprocess.Popen]:
+    """The two ranks of a job whose rank 0 (tokenizing) or rank 1 (training) is held up, as torchrun starts them."""
+    probe, meet = folder / "probe.py", folder / "meet"
+    meet.mkdir(parents=True)
     probe.write_text(RANK_PROBE.format(repo=str(REPO), stall=stall, meet=str(meet)))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -615,14 +609,33 @@ def test_a_rank_that_waits_past_the_timeout_and_its_peer_each_end_in_one_line(st
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", OMP_NUM_THREADS="1",
                MINIMIND_CACHE=str(cache))
-    argv = [*tiny_flags, *SCHEDULE, "--out_dir", str(out), "--max_steps", "4", "--dist_timeout", "0.05"]
-    ranks = [subprocess.Popen([sys.executable, str(probe), *argv], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+    argv = [*flags, *SCHEDULE, "--out_dir", str(folder / "run"), "--max_steps", "4", "--dist_timeout", "0.05"]
+    return [subprocess.Popen([sys.executable, str(probe), *argv], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                             cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def stalled_jobs(tmp_path_factory, tiny_flags, tiny_tokenizer, tiny_corpus) -> dict[str, tuple]:
+    """Both jobs at once (their ranks mostly sleep, so together they take the time of one): for each stall, its
+    ranks, what each wrote to stderr, and the job's run folder."""
+    cache = tmp_path_factory.mktemp("tokenized")
+    for split in ("train", "validation"):
+        prepare_split(tiny_corpus, split, tiny_tokenizer, cache_dir=cache)
+    folders = {stall: tmp_path_factory.mktemp(stall) for stall in ("tokenizing", "training")}
+    caches = {"tokenizing": folders["tokenizing"] / "cache", "training": cache}  # tokenized afresh, or already
+    jobs = {stall: start_two_ranks(stall, folder, caches[stall], tiny_flags) for stall, folder in folders.items()}
     try:
-        errs = [process.communicate(timeout=120)[1] for process in ranks]
+        errs = {stall: [process.communicate(timeout=120)[1] for process in ranks] for stall, ranks in jobs.items()}
     finally:
-        for process in ranks:  # (one that hangs fails the test, and is not left behind)
-            process.kill()
+        for process in (p for ranks in jobs.values() for p in ranks):  # (one that hangs fails the test, and is
+            process.kill()                                               # not left behind)
+    return {stall: (jobs[stall], errs[stall], folders[stall] / "run") for stall in jobs}
+
+
+@pytest.mark.slow  # two two-process jobs, one rank of each held up for 8 s
+@pytest.mark.parametrize("stall,waits", [("tokenizing", 1), ("training", 0)])
+def test_a_rank_that_waits_past_the_timeout_and_its_peer_each_end_in_one_line(stall, waits, stalled_jobs):
+    ranks, errs, out = stalled_jobs[stall]
     for rank, (process, err) in enumerate(zip(ranks, errs, strict=True)):
         expected = (TIMED_OUT if rank == waits else LOST).format(rank)
         assert process.returncode == 2 and err.strip().splitlines()[-1] == expected, (rank, err[-3000:])
