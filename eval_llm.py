@@ -41,20 +41,12 @@ from transformers.utils import logging as hf_logging
 
 import model  # noqa: F401  (registers MiniMind with the Auto classes)
 from common.cli import ArgumentParser, UserError, require_positive, run_cli
-from data import BatchSampler, bits_per_byte, load_tokenizer, prepare_split
+from data import DEFAULT_PROMPTS, BatchSampler, bits_per_byte, load_tokenizer, prepare_split
 from model import norm_variant
 from trainer.checkpoint import LINK, read_model_dir
 from trainer.device import autocast, pick_device, resolve_dtype
 from trainer.evaluation import evaluate
 
-# The default corpus is Shakespeare's plays as Markdown: a speaker in bold, then the speech, lines ending in
-# two spaces (a Markdown line break). Hamlet is a validation play, so its prompt is held-out text.
-DEFAULT_PROMPTS = (
-    "**HAMLET**  \nTo be, or not to be,",
-    "**FIRST WITCH**  \nWhen shall we three meet again",
-    "**KING**  \nMy lords,",
-    "## ACT I\n\n### SCENE I. A street.\n\n",
-)
 DEFAULT_SEQ_LEN = 256
 
 

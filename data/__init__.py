@@ -1,6 +1,6 @@
 """Data layer: text sources, the tokenizer, packed token streams and batches."""
 
-from data.corpus import HOLDOUT_EVERY, VALIDATION_PLAYS, load_texts, shakespeare_plays
+from data.corpus import DEFAULT_PROMPTS, HOLDOUT_EVERY, VALIDATION_PLAYS, load_texts, shakespeare_plays
 from data.token_stream import BatchSampler, PackedTokens, bits_per_byte, default_cache_dir, prepare_split
 from data.tokenizer import (
     DEFAULT_TOKENIZER_DIR,
@@ -12,6 +12,7 @@ from data.tokenizer import (
 )
 
 __all__ = [
+    "DEFAULT_PROMPTS",
     "DEFAULT_TOKENIZER_DIR",
     "HOLDOUT_EVERY",
     "SPECIAL_TOKENS",

@@ -30,6 +30,15 @@ import pyarrow as pa
 from common.cli import UserError, first_line
 
 VALIDATION_PLAYS = ("hamlet", "the-tempest")
+# The embedded plays are Markdown: a speaker in bold, then the speech, lines ending in two spaces (a Markdown line
+# break). Prompts in that form, for sampling a model trained on them; Hamlet is a validation play, so its prompt is
+# held-out text.
+DEFAULT_PROMPTS = (
+    "**HAMLET**  \nTo be, or not to be,",
+    "**FIRST WITCH**  \nWhen shall we three meet again",
+    "**KING**  \nMy lords,",
+    "## ACT I\n\n### SCENE I. A street.\n\n",
+)
 HOLDOUT_EVERY = 100
 SPLITS = ("train", "validation")
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}

@@ -4,9 +4,9 @@ side (--parallel runs), on this machine, and whether every run's summary came ou
     python scripts/bench_parallel_study.py                               # 2 variants x 2 seeds, one rank per core
     python scripts/bench_parallel_study.py --ranks 2 --max_steps 200
 
-Both studies get the same threads in all: the one without torchrun runs with as many torch threads as there are
-ranks, each rank of the other with one (what the runner gives a rank: the usable cores divided by the ranks). Each
-starts from the same tokenized corpus, so neither pays for tokenizing. Any other flag is a runner or trainer flag.
+Both studies get the same threads in all: each rank gets what the runner gives it (the usable cores divided by the
+ranks), the study without torchrun that many times the ranks. Each starts from the same tokenized corpus, so neither
+pays for tokenizing. Any other flag is a runner or trainer flag.
 """
 
 import json
@@ -50,6 +50,7 @@ def main(argv=None) -> None:
     args, rest = p.parse_known_args(argv)
     if args.ranks < 2:
         raise UserError(f"--ranks must be at least 2 to compare anything, got {args.ranks}")
+    per_rank = max(1, usable_cores() // args.ranks)
     study = ["--variants", *args.variants, "--seeds", *args.seeds, "--max_steps", args.max_steps, *rest]
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "MINIMIND_CACHE": str(Path(tmp) / "cache"), "WANDB_MODE": "disabled"}
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
                 "--max_steps", "1", *rest]
         timed([sys.executable, RUNNER, *warm], env)  # tokenizes into the shared cache
         alone = timed([sys.executable, RUNNER, "--out_dir", str(Path(tmp) / "alone"), *study],
-                      {**env, "OMP_NUM_THREADS": str(args.ranks)})
+                      {**env, "OMP_NUM_THREADS": str(per_rank * args.ranks)})
         side_by_side = timed([sys.executable, "-m", "torch.distributed.run", "--standalone",
                               f"--nproc_per_node={args.ranks}", RUNNER, "--out_dir", str(Path(tmp) / "ranks"), *study],
                              {**env, "OMP_NUM_THREADS": "1"})
@@ -66,11 +67,11 @@ def main(argv=None) -> None:
         raise UserError("the two studies did not train the same runs to the same step")
     gap = max(abs(first[r][k] - second[r][k]) for r in first for k in COMPARED if isinstance(first[r][k], float))
     print(describe(environment()) + f" {usable_cores()} usable cores.")
-    print(f"{len(first)} runs, {args.max_steps} steps each: one after another with {args.ranks} threads {alone:.1f} s; "
-          f"side by side under torchrun, {args.ranks} ranks of 1 thread, {side_by_side:.1f} s: "
+    print(f"{len(first)} runs, {args.max_steps} steps each: one after another with {per_rank * args.ranks} threads "
+          f"{alone:.1f} s; side by side under torchrun, {args.ranks} ranks of {per_rank} thread(s), {side_by_side:.1f} s: "
           f"{side_by_side / alone:.2f}x the wall time; summaries " +
           ("identical" if gap == 0 else f"differ by at most {gap:.1e} (losses and bits per byte: a run's "
-           f"arithmetic with {args.ranks} threads rounds differently from one with 1)"))
+           f"arithmetic with {per_rank * args.ranks} threads rounds differently from one with {per_rank})"))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import copy
 import json
 import math
 import os
+import socket
 import statistics
 import sys
 from dataclasses import dataclass
@@ -40,9 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from common.cli import ArgumentParser, UserError, run_cli
+from common.cli import ArgumentParser, UserError, require_writable_dir, run_cli
 from common.environment import describe, environment
-from data import default_cache_dir, load_tokenizer, prepare_split
+from data import load_tokenizer, prepare_split
 from model import NORM_TYPES, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
 from model.variants import NAMED, variant_problem
 from study.parallel import Worker, require_locks, train_in_parallel, waiting_claim
@@ -125,11 +126,11 @@ def parse_args(argv=None):
                             "another; use --parallel runs (the default), which trains the grid's runs side by side")
         own.tune_lr = sorted(set(own.tune_lr))
     own.baseline = own.baseline or DEFAULT_BASELINE
-    own.variants = once("--variants", variants)
-    own.seeds = once("--seeds", own.seeds)
-    own.depths = once("--depths", own.depths or [trainer_args.num_hidden_layers])
-    own.learning_rates = once("--learning_rates", own.learning_rates or [trainer_args.learning_rate])
-    own.warmup_steps = once("--warmup_steps", own.warmup_steps or [trainer_args.warmup_steps])
+    own.variants = without_repeats("--variants", variants)
+    own.seeds = without_repeats("--seeds", own.seeds)
+    own.depths = without_repeats("--depths", own.depths or [trainer_args.num_hidden_layers])
+    own.learning_rates = without_repeats("--learning_rates", own.learning_rates or [trainer_args.learning_rate])
+    own.warmup_steps = without_repeats("--warmup_steps", own.warmup_steps or [trainer_args.warmup_steps])
     if any(d < 1 for d in own.depths):
         raise UserError(f"--depths must be positive integers, got {own.depths}")
     if not all(math.isfinite(lr) and lr > 0 for lr in own.learning_rates) or any(w < 0 for w in own.warmup_steps):
@@ -137,7 +138,7 @@ def parse_args(argv=None):
     return own, trainer_args
 
 
-def once(flag: str, values: list) -> list:
+def without_repeats(flag: str, values: list) -> list:
     """values without repeats, in the order given: a repeated seed or variant names the same run, which counted
     once per mention would weigh more than the others in every mean, spread and count."""
     kept = list(dict.fromkeys(values))
@@ -189,6 +190,11 @@ def finished_run(base, study, *run) -> dict | None:
     if changed:
         raise UserError(f"{out_dir} was trained with other values of --{', --'.join(changed)}; "
                         "use a new --out_dir for a different study")
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))  # what each run trains on: 1 with --parallel runs
+    if summary.get("world_size", ranks) != ranks:  # (summaries from before it was recorded do not say)
+        raise UserError(f"{out_dir} was trained on {summary['world_size']} data-parallel ranks, this study "
+                        f"trains each run on {ranks}: its batches differ; use a new --out_dir, or the same "
+                        "--parallel mode and number of ranks")
     if not (summary["diverged"] or summary["step"] >= base.max_steps):
         return None
     if not (out_dir / "metrics.jsonl").is_file():  # the plateau rule and the figures read it
@@ -497,9 +503,11 @@ def train_study(study, base, worker: Worker) -> Plan:
             run, job = item
             results[run] = train_or_reuse(base, study, *run, job)
 
+        # With --tune_lr a finished grid lets new runs train, and rank 0 writes the report: those ranks wait for
+        # the others; in a grid study the other ranks are done once nothing is left to take.
         train_in_parallel(pending, lambda item: Path(study.out_dir) / ".claims" / f"{run_name(*item[0])}.lock",
                           lambda item: Path(study.out_dir) / "runs" / run_name(*item[0]), train_one,
-                          base.dist_timeout)
+                          base.dist_timeout, wait=bool(study.tune_lr) or worker.rank == 0)
         return plan()
     while (current := plan()).pending:
         run, job = next(iter(current.pending.items()))
@@ -507,12 +515,11 @@ def train_study(study, base, worker: Worker) -> Plan:
     return current
 
 
-def tokenize_once(base) -> None:
+def tokenize_once(base, claims: Path) -> None:
     """Under torchrun with --parallel runs: the corpus is tokenized by the first rank of each machine to get here
-    (into the token cache), while the others wait, then read its cache."""
-    cache = default_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    with waiting_claim(cache / "tokenizing.lock", base.dist_timeout, "to tokenize the corpus"):
+    (into the machine's token cache), while the others wait, then read its cache."""
+    with waiting_claim(claims / f"tokenizing-{socket.gethostname()}.lock", base.dist_timeout,
+                       "to tokenize the corpus"):
         tokenizer = load_tokenizer(base.tokenizer_path)
         for split in ("train", "validation"):
             prepare_split(base.data_path, split, tokenizer, base.text_field, num_proc=base.num_proc,
@@ -525,8 +532,10 @@ def main(argv: list[str] | None = None) -> None:
     runs_side_by_side = worker.world_size > 1 and study.parallel == "runs"
     if runs_side_by_side:
         worker.own_share(base)
-        require_locks(Path(study.out_dir) / ".claims")
-        tokenize_once(base)
+        claims = Path(study.out_dir) / ".claims"
+        require_writable_dir("--out_dir", Path(study.out_dir))
+        require_locks(claims)
+        tokenize_once(base, claims)
     try:
         plan = train_study(study, base, worker)
     except StudyInterrupted:

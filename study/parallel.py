@@ -51,7 +51,9 @@ class Worker:
             if self.local_world_size > torch.cuda.device_count():
                 raise UserError(f"{self.local_world_size} ranks on this node but {torch.cuda.device_count()} GPUs: "
                                 "start torchrun with --nproc_per_node at most the number of GPUs")
-            base.device = f"cuda:{self.local_rank}"
+            # the current device, which --device cuda (or auto) means; the flag itself stays as given, so the runs
+            # of every rank record the same flags and any rank can reuse them
+            torch.cuda.set_device(self.local_rank)
         else:
             torch.set_num_threads(max(1, usable_cores() // self.local_world_size))
         os.environ.update(TORCHRUN_VARIABLES)  # else the trainer would join the ranks' runs into one DDP job
@@ -94,18 +96,27 @@ def waiting_claim(path: Path, timeout_min: float, what: str) -> Iterator[None]:
 
 
 def last_change(folders: list[Path]) -> float:
-    """When anything in these run folders last changed (a run logs, evaluates and saves as it goes)."""
-    times = [p.stat().st_mtime for folder in folders if folder.is_dir() for p in (folder, *folder.iterdir())]
+    """When anything in these run folders last changed (a run logs, evaluates and saves as it goes). The training
+    rank renames and deletes files meanwhile: what is gone by the time it is looked at is skipped."""
+    times = []
+    for folder in folders:
+        try:
+            with os.scandir(folder) as entries:
+                times += [folder.stat().st_mtime, *(entry.stat(follow_symlinks=False).st_mtime for entry in entries)]
+        except FileNotFoundError:
+            continue
     return max(times, default=0.0)
 
 
 def train_in_parallel(pending: Callable[[], list], claim_path: Callable, run_folder: Callable, train: Callable,
-                      timeout_min: float) -> None:
+                      timeout_min: float, wait: bool = True) -> None:
     """Train, one at a time, the runs that can train now and that no other rank holds, until none is left.
 
     pending() lists the runs that can train now, in the study's order (it reads the finished runs' summaries, so a
     run another rank finished drops out); train(run) trains one (or reuses it, if it finished meanwhile). A rank with
-    nothing to take waits for the others; if none of their runs changes for timeout_min minutes it gives up."""
+    nothing to take returns if not told to wait (nothing more can come its way), else waits for the others (their
+    runs may let new ones train, or it writes the report); if none of their runs changes for timeout_min minutes, a
+    rank hangs, and it gives up."""
     quiet_since, seen = time.monotonic(), 0.0
     while runs := pending():
         for run in runs:
@@ -116,6 +127,8 @@ def train_in_parallel(pending: Callable[[], list], claim_path: Callable, run_fol
                 quiet_since = time.monotonic()
                 break
         else:  # every run that can train now is training on another rank
+            if not wait:
+                return
             changed = last_change([run_folder(run) for run in runs])
             if changed != seen:
                 seen, quiet_since = changed, time.monotonic()

@@ -85,3 +85,7 @@ def test_a_flag_missing_from_a_recorded_run_reads_as_the_behaviour_it_had():
     assert recorded_value(saved, "grad_clip") == 0.5  # recorded: taken as is
     assert recorded_value(saved, "norm_weight_decay") is False  # added later: its default, the old behaviour
     assert recorded_value(saved, "diag_interval") == 7  # added later, defaulting to another flag's value
+    # qk_norm and v_norm now default to what the placement implies; runs recorded before v_norm had none,
+    # HybridNorm's runs had both set
+    assert recorded_value({"norm_position": "pre"}, "v_norm") == recorded_value({}, "qk_norm") == "none"
+    assert recorded_value({"norm_position": "hybrid"}, "v_norm") == "head"

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from common.cli import UserError
+from common.environment import usable_cores
 from scripts import run_ablation
 from study import parallel
 from study.parallel import Worker, train_in_parallel, try_claim
@@ -78,8 +79,9 @@ def test_an_idle_rank_gives_up_when_the_runs_it_waits_for_stop_changing(tmp_path
 
 
 def test_a_worker_takes_its_own_share_and_hides_torchrun_from_the_trainer(monkeypatch):
-    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
-        monkeypatch.setenv(name, value)
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                        "GROUP_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)  # (and restored after the test, whatever own_share sets)
     worker = Worker.from_environment()
     assert worker == Worker(rank=3, world_size=4, local_rank=1, local_world_size=2)
     threads = parallel.torch.get_num_threads()
@@ -131,7 +133,7 @@ def trained(log: str) -> list[str]:
 @pytest.fixture
 def runner(tmp_path, tiny_flags, monkeypatch):
     """(flags of a tiny study in folder `name`, torchrun's environment, the study trained in this process): one
-    token cache for all, one thread per run (a run's float arithmetic depends on its thread count)."""
+    token cache for all, and the threads a rank gets for every run (a run's float arithmetic depends on them)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(MINIMIND_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", HOME=str(tmp_path))
     monkeypatch.setenv("MINIMIND_CACHE", env["MINIMIND_CACHE"])
@@ -141,7 +143,7 @@ def runner(tmp_path, tiny_flags, monkeypatch):
 
     def alone(name: str, *more: str) -> None:
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        torch.set_num_threads(max(1, usable_cores() // 2))  # what each of torchrun's 2 ranks gets
         try:
             run_ablation.main(flags(name, *more))
         finally:

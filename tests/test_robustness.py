@@ -598,14 +598,11 @@ LOST = ("error: rank {} lost another rank, which exited (its own error line says
         "--dist_timeout exits too); fix what stopped it, or raise --dist_timeout")
 
 
-def start_two_ranks(stall: str, folder: Path, cache: Path, flags: list[str]) -> list[subprocess.Popen]:
+def start_two_ranks(stall: str, folder: Path, cache: Path, flags: list[str], port: int) -> list[subprocess.Popen]:
     """The two ranks of a job whose rank 0 (tokenizing) or rank 1 (training) is held up, as torchrun starts them."""
     probe, meet = folder / "probe.py", folder / "meet"
     meet.mkdir(parents=True)
     probe.write_text(RANK_PROBE.format(repo=str(REPO), stall=stall, meet=str(meet)))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", OMP_NUM_THREADS="1",
                MINIMIND_CACHE=str(cache))
@@ -623,7 +620,12 @@ def stalled_jobs(tmp_path_factory, tiny_flags, tiny_tokenizer, tiny_corpus) -> d
         prepare_split(tiny_corpus, split, tiny_tokenizer, cache_dir=cache)
     folders = {stall: tmp_path_factory.mktemp(stall) for stall in ("tokenizing", "training")}
     caches = {"tokenizing": folders["tokenizing"] / "cache", "training": cache}  # tokenized afresh, or already
-    jobs = {stall: start_two_ranks(stall, folder, caches[stall], tiny_flags) for stall, folder in folders.items()}
+    with socket.socket() as one, socket.socket() as other:  # two free ports, told apart while both are held
+        one.bind(("127.0.0.1", 0))
+        other.bind(("127.0.0.1", 0))
+        ports = {"tokenizing": one.getsockname()[1], "training": other.getsockname()[1]}
+    jobs = {stall: start_two_ranks(stall, folder, caches[stall], tiny_flags, ports[stall])
+            for stall, folder in folders.items()}
     try:
         errs = {stall: [process.communicate(timeout=120)[1] for process in ranks] for stall, ranks in jobs.items()}
     finally:

@@ -124,6 +124,15 @@ def test_a_min_lr_above_the_peak_is_refused(flags, tmp_path):
                        "--min_lr at most --learning_rate")
     assert not (tmp_path / "run").exists()
     assert parse_args(flags("--learning_rate", "1e-3", "--min_lr", "1e-3")).min_lr == 1e-3  # a constant rate
+    # left unset, it is 2e-4, or the peak when that is lower: a low --learning_rate alone still trains
+    assert parse_args(flags("--learning_rate", "1e-3")).min_lr == 2e-4
+    assert parse_args(flags("--learning_rate", "1e-4")).min_lr == 1e-4
+
+
+def test_muon_without_torch_optim_muon_is_refused(flags, monkeypatch):
+    monkeypatch.delattr(torch.optim, "Muon")
+    assert refusal(flags("--optimizer", "muon")).startswith("--optimizer muon needs torch.optim.Muon (torch 2.9 or "
+                                                           "newer)")
 
 
 @pytest.mark.parametrize("seed", [-1, 2**32])

@@ -4,6 +4,8 @@ import argparse
 import math
 from pathlib import Path
 
+import torch
+
 from common.cli import ArgumentParser, UserError, require_positive, require_writable_dir
 from model import (
     ATTN_GATES,
@@ -47,6 +49,7 @@ def on_device(name: str, unset: str = "") -> str:
     return f"default: {shown(DEVICE_DEFAULTS['cuda'][name])} on CUDA, {shown(DEVICE_DEFAULTS['cpu'][name])} on CPU"
 
 
+MIN_LR = 2e-4  # the cosine decay's floor unless --min_lr says otherwise
 # What a run is to its study (--wandb_job): a plain run, a point of a learning-rate grid, another seed at the chosen lr
 WANDB_JOBS = ("run", "grid", "seed")
 
@@ -138,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
     opt.add_argument("--learning_rate", type=float, default=None,
                      help=f"peak learning rate ({on_device('learning_rate')})")
-    opt.add_argument("--min_lr", type=float, default=2e-4, help="learning rate at the end of the cosine decay")
+    opt.add_argument("--min_lr", type=float, default=None,
+                     help=f"learning rate at the end of the cosine decay (default: {MIN_LR:g}, or --learning_rate "
+                          "when that is lower)")
     opt.add_argument("--lr_decay_steps", type=int, default=None,
                      help="length of the cosine schedule (default: --max_steps); set it to stop a run early and "
                           "later --resume it with a larger --max_steps on the same schedule")
@@ -244,7 +249,10 @@ def config_fields() -> dict[str, str]:
 
 
 # Flags whose default depends on others, and the value a run recorded before the flag existed had in effect.
-RECORDED_BEFORE = {"diag_interval": lambda saved: saved.get("log_interval")}
+RECORDED_BEFORE = {"diag_interval": lambda saved: saved.get("log_interval"),
+                   # HybridNorm's q, k and v norms were set explicitly; every other placement had none
+                   **dict.fromkeys(("qk_norm", "v_norm"), lambda saved: "head" if saved.get("norm_position")
+                                   in QKV_PLACEMENTS else "none")}
 
 
 def recorded_value(saved: dict, flag: str):
@@ -282,6 +290,8 @@ def fill_device_defaults(args: argparse.Namespace) -> argparse.Namespace:
     for name in ("qk_norm", "v_norm"):  # the placement's own (HybridNorm normalizes q, k and v), as in the config
         if getattr(args, name) is None:
             setattr(args, name, "head" if args.norm_position in QKV_PLACEMENTS else "none")
+    if args.min_lr is None:  # a decay that ends above the peak would raise the rate
+        args.min_lr = min(MIN_LR, args.learning_rate)
     return args
 
 
@@ -298,6 +308,9 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     for name in POSITIVE_FLOATS:
         if getattr(args, name) is not None and not getattr(args, name) > 0:
             raise UserError(f"--{name} must be > 0, got {getattr(args, name)}")
+    if args.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
+        raise UserError(f"--optimizer muon needs torch.optim.Muon (torch 2.9 or newer); this is torch "
+                        f"{torch.__version__}: upgrade torch, or use --optimizer adamw")
     if args.min_lr > args.learning_rate:  # the cosine "decay" would raise the rate from the peak to min_lr
         raise UserError(f"--min_lr {args.min_lr:g} is above --learning_rate {args.learning_rate:g}, so the decay "
                         "would raise the rate; set --min_lr at most --learning_rate")

@@ -42,6 +42,7 @@ from common.cli import UserError, cannot_write, run_cli
 from common.environment import environment
 from common.fs import write_file_atomically
 from data import (
+    DEFAULT_PROMPTS,
     HOLDOUT_EVERY,
     BatchSampler,
     PackedTokens,
@@ -114,8 +115,6 @@ VARIANT_FIELDS = ("norm_type", *PLACEMENT_DEFAULTS)
 # Fewer bytes per token than this means the tokenizer barely covers the corpus (its BPE merges were learned on other
 # text): the shipped tokenizer gives Shakespeare 2.95, German 2.3, Python 1.9 and Chinese 1.0.
 FEW_BYTES_PER_TOKEN = 1.5
-# A prompt for the embedded plays (Hamlet is a validation play), as the closing line suggests it.
-DEFAULT_PROMPT = "**HAMLET**  \nTo be, or not to be,"
 
 # A run can blow up and die without a NaN: AdamW's normalized steps keep the weights finite while the loss climbs
 # to thousands of nats, and it may later sit at exactly ln V (V = vocabulary size), the loss of a uniform guess, once
@@ -595,7 +594,7 @@ def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting
         # over the timed steps: the warm-up step of each start is in compile_time_s instead
         "tokens_per_s": timed * costs.tokens_per_step / train_time if timed and train_time else None,
         "s_per_step": train_time / timed if timed else None, "train_time_s": train_time,
-        "compile_time_s": state.compile_time,
+        "compile_time_s": state.compile_time, "world_size": job.world_size,
         "num_params": costs.num_params, "norm_params": costs.norm_params, "num_norms": costs.num_norms,
         "norm": cfg.norm_type, "norm_position": cfg.norm_position, "variant": norm_variant(cfg),
         "hidden_size": cfg.hidden_size, "seed": args.seed, "out_dir": str(out_dir), "args": vars(args),
@@ -630,7 +629,7 @@ def closing_line(summary: dict, wall_time: float) -> str:
     if summary["interrupted"]:
         return line + "the same command with --resume continues the run"
     if args["data_path"] is None:
-        prompt, eval_data = DEFAULT_PROMPT, ""
+        prompt, eval_data = DEFAULT_PROMPTS[0], ""
     else:
         prompt, eval_data = "...", " " + shlex.quote(args["data_path"])
     return line + (f"python eval_llm.py --model_path {out} --prompt {bash_word(prompt)} ; "
