@@ -285,6 +285,10 @@ def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: st
     def seed_losses(runs):
         return {r["seed"]: None if r["diverged"] or r["plateaued"] else r["val_loss"] for r in runs}
 
+    def pairing_note(left_out: int, unrecorded: bool) -> str:
+        notes = [f"{left_out} across CPU types left out"] * bool(left_out) + ["CPU type not recorded"] * unrecorded
+        return f" ({'; '.join(notes)})" if notes else ""
+
     for t in tuning:
         runs = runs_at.get((t["variant"], t["depth"]), [])
         ok = [r["val_loss"] for r in runs if not r["diverged"] and r["val_loss"] is not None]
@@ -293,10 +297,12 @@ def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: st
         diff, agree = "—", "—"
         base_runs = runs_at.get((baseline, t["depth"]))
         if runs and base_runs and t["variant"] != baseline:
-            d = lr_tuning.paired_difference(seed_losses(runs), seed_losses(base_runs))
+            pairs, left_out, unrecorded = lr_tuning.pair_by_seed(runs, base_runs)
+            d = lr_tuning.paired_difference(seed_losses([r for r, _ in pairs]), seed_losses([b for _, b in pairs]))
             if d.differences:
                 diff = f"{d.mean:+.3f}" + (f" ± {d.std:.3f}" if d.std is not None else "")
-                agree = f"{d.agreeing}/{len(d.differences)}"
+            if d.differences or left_out:
+                agree = f"{d.agreeing}/{len(d.differences)}" + pairing_note(left_out, unrecorded)
         edge = " (edge)" if t["at_edge"] else ""
         row = [t["variant"], str(t["depth"]),
                f"{t['chosen_lr']:g}{edge}" if t["chosen_lr"] is not None else "none usable",
@@ -350,7 +356,9 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
                  "that neither diverged nor plateaued; the other seeds trained at it only. Δ is the variant's "
                  f"final validation loss minus {study.baseline}'s on the same seed (same initialization seed and "
                  "data order), mean ± std over seeds; 'seeds agreeing' counts the seeds whose difference has "
-                 "the sign of the mean.", "", study_cost(out), "", fair_table(groups, tuning, study.baseline), "",
+                 "the sign of the mean. A seed pairs only where both runs ran on the same CPU type (model and "
+                 "AVX2 / AVX-512 / AMX, from each run's summary): other kernels round differently, by as much as "
+                 "the smallest effects here; runs recorded before the CPU type was pair as before, and say so.", "", study_cost(out), "", fair_table(groups, tuning, study.baseline), "",
                  "![lr sensitivity](lr_sensitivity.png)", ""]
     text += [results_table(groups, with_lr), ""]
     if len(study.depths) > 1:

@@ -5,10 +5,12 @@ import math
 
 import pytest
 
+from scripts.run_ablation import fair_table
 from trainer.lr_tuning import (
     Point,
     choose_lr,
     edge_extension,
+    pair_by_seed,
     paired_difference,
     same_cpu_type,
     usable_range,
@@ -81,3 +83,24 @@ def test_runs_pair_only_on_the_same_cpu_model_and_extensions():
     assert not same_cpu_type(old, old) and not same_cpu_type(xeon_amx, old) and not same_cpu_type(old, xeon_amx)
     no_extensions = summary("Some CPU", [])
     assert same_cpu_type(no_extensions, summary("Some CPU", [])) and not same_cpu_type({}, {})
+
+
+def test_seeds_pair_only_across_runs_of_one_cpu_type_and_unrecorded_runs_pair_as_before():
+    amx, avx2 = ("Intel(R) Xeon(R) Processor", ["AVX2", "AVX-512", "AMX"]), ("AMD EPYC 7B13", ["AVX2"])
+
+    def run(seed, cpu=None, loss=4.0):
+        return {**summary(*(cpu or (None, None))), "seed": seed, "val_loss": loss}
+    baseline = [run(0, amx), run(1, amx), run(2, amx)]
+    variant = [run(0, amx, 4.1), run(1, amx, 4.2), run(2, avx2, 3.0)]  # seed 2 ran elsewhere: left out
+    pairs, left_out, unrecorded = pair_by_seed(variant, baseline)
+    assert [(r["seed"], b["seed"]) for r, b in pairs] == [(0, 0), (1, 1)] and (left_out, unrecorded) == (1, False)
+    # runs recorded before the CPU type was: paired as they always were, and said so; one recorded and one not: out
+    pairs, left_out, unrecorded = pair_by_seed([run(0), run(1, amx)], [run(0), run(1)])
+    assert [r["seed"] for r, _ in pairs] == [0] and (left_out, unrecorded) == (1, True)
+    # in the report: the difference over the kept seeds, and what was left out
+    groups = {("pre-rmsnorm", 8, 1e-3, 0): [{**r, "diverged": False, "plateaued": False} for r in baseline],
+              ("pre-derf", 8, 1e-3, 0): [{**r, "diverged": False, "plateaued": False} for r in variant]}
+    tuning = [{"variant": v, "depth": 8, "chosen_lr": 1e-3, "at_edge": False, "usable_range": [1e-3],
+               "learning_rates": [1e-3]} for v in ("pre-rmsnorm", "pre-derf")]
+    row = fair_table(groups, tuning, "pre-rmsnorm").splitlines()[-1]
+    assert "| +0.150 ± 0.071 | 2/2 (1 across CPU types left out) |" in row

@@ -96,3 +96,20 @@ def same_cpu_type(run: dict, other: dict) -> bool:
     different hardware. False when either run does not say (recorded before the extensions were)."""
     a, b = run.get("environment", {}), other.get("environment", {})
     return all(a.get(key) is not None and a.get(key) == b.get(key) for key in ("cpu", "cpu_isa"))
+
+
+def pair_by_seed(runs: list[dict], baseline: list[dict]) -> tuple[list[tuple[dict, dict]], int, bool]:
+    """The (run, baseline run) pairs of each seed both sides have, kept only where the two ran on the same CPU
+    type; runs recorded before the CPU type was (neither says) still pair, as they always did. Returns the kept
+    pairs, how many were left out for running on different (or one unrecorded) CPU types, and whether any kept
+    pair's CPU type is unrecorded."""
+    baseline_by_seed = {r["seed"]: r for r in baseline}
+    pairs = [(r, baseline_by_seed[r["seed"]]) for r in runs if r["seed"] in baseline_by_seed]
+    unrecorded = [(r, b) for r, b in pairs if not recorded_cpu(r) and not recorded_cpu(b)]
+    kept = [(r, b) for r, b in pairs if same_cpu_type(r, b) or (r, b) in unrecorded]
+    return kept, len(pairs) - len(kept), bool(unrecorded)
+
+
+def recorded_cpu(run: dict) -> bool:
+    environment = run.get("environment", {})
+    return environment.get("cpu") is not None and environment.get("cpu_isa") is not None
