@@ -47,14 +47,17 @@ NAMED = {
 VARIANTS |= NAMED
 
 
+def variant_fields(name: str) -> dict:
+    """The variant's model-config fields (its trainer flags, with --norm as the config's norm_type)."""
+    return {"norm_type" if flag == "norm" else flag: value for flag, value in VARIANTS[name].items()}
+
+
 def variant_problem(name: str) -> str | None:
     """Why the variant's fields make no model config, or None when they do. Not every placement pairs with every
     norm: a placement that adds norms (hybrid, pre+qk_head, pre+sub, ...) needs a norm type, and a (1 + w) gain
     needs a norm with a gain."""
-    fields = dict(VARIANTS[name])
-    norm = fields.pop("norm")  # the trainer's flag; the config calls it norm_type
     try:
-        MiniMindConfig(**fields, norm_type=norm)
+        MiniMindConfig(**variant_fields(name))
     except ValueError as err:
         return str(err)
     return None

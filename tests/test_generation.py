@@ -9,17 +9,12 @@ import torch
 import eval_llm
 from model import VARIANTS
 from model.model_minimind import CACHE_FIELD
-from model.variants import variant_problem
+from model.variants import variant_fields, variant_problem
 from scripts import convert_from_minimind
 from tests.test_minimind_import import minimind_model, save_pth
 from tests.tiny import ids, tiny_model
 
 NEW_TOKENS = 8
-
-
-def config_fields(flags: dict) -> dict:
-    """A catalogue entry's trainer flags as model-config fields."""
-    return {"norm_type" if flag == "norm" else flag: value for flag, value in flags.items()}
 
 
 # every name that makes a model: the catalogue crosses every placement with every norm, and e.g. QK-norm with norm
@@ -57,7 +52,7 @@ def test_the_catalogue_is_covered():
 
 @pytest.mark.parametrize("variant", CATALOGUE)
 def test_cached_generation_equals_uncached_and_full_forwards(variant):
-    model = tiny_model(num_hidden_layers=2, **config_fields(VARIANTS[variant]))
+    model = tiny_model(num_hidden_layers=2, **variant_fields(variant))
     prompt = ids(batch=1, seq=5)
     greedy, logits = generate_with_logits(model, prompt, use_cache=True, do_sample=False)
     uncached, full_logits = generate_with_logits(model, prompt, use_cache=False, do_sample=False)

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import model.model_minimind as mm
-from model import VARIANTS, MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
+from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
+from model.variants import variant_fields
 from tests.test_norm_plan import docstring_counts, placed
 from tests.tiny import FIXTURES, TINY, assert_bf16_autocast_trains, assert_saved_logits, ids, tiny_model
 from trainer.optim import build_optimizer
@@ -338,8 +339,7 @@ def test_a_bad_softcap_names_the_field(value):
 def test_nanochat_is_its_recipe():
     """Parameter-free RMSNorm before each sublayer, per head on q and k, after the embedding and before lm_head;
     Pre-Norm; logits capped at 15. The model calls itself by the recipe's name."""
-    fields = {"norm_type" if k == "norm" else k: v for k, v in VARIANTS["nanochat"].items()}
-    model = MiniMindForCausalLM(MiniMindConfig(**TINY, **fields))
+    model = MiniMindForCausalLM(MiniMindConfig(**TINY, **variant_fields("nanochat")))
     layers = TINY["num_hidden_layers"]
     assert count_norms(model) == 2 * layers + 2 * layers + 1 + 1
     assert not [n for n, p in model.named_parameters() if "norm" in n]  # no gains anywhere

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import VARIANTS, MiniMindConfig, MiniMindForCausalLM
-from model.variants import variant_problem
+from model.variants import variant_fields, variant_problem
 from tests import test_trainer
 from tests.test_trainer import (
     assert_same_run,
@@ -35,8 +35,7 @@ def split(model, **kw) -> tuple[dict[str, torch.Tensor], list[dict]]:
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if not variant_problem(v)])
 def test_muon_gets_the_block_matrices_and_adamw_everything_else(variant):
-    fields = {"norm_type" if flag == "norm" else flag: value for flag, value in VARIANTS[variant].items()}
-    model = MiniMindForCausalLM(MiniMindConfig(**{**TINY, "num_hidden_layers": 2}, **fields))
+    model = MiniMindForCausalLM(MiniMindConfig(**{**TINY, "num_hidden_layers": 2}, **variant_fields(variant)))
     muon, adamw = split(model)
     # exactly the seven projections of every block, all matrices
     assert sorted(muon) == sorted(n for n, _ in model.named_parameters() if MUON_NAME.fullmatch(n))
