@@ -48,9 +48,10 @@ from model import NORM_TYPES, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
 from model.variants import NAMED, variant_problem
 from study.parallel import Worker, require_locks, train_in_parallel, waiting_claim
 from trainer import lr_tuning
-from trainer.args import build_parser, fill_device_defaults, flags_with, recorded_value, validate
+from trainer.args import build_parser, fill_device_defaults, flags_with, validate
 from trainer.checkpoint import find_checkpoints
 from trainer.plots import plot_depth, plot_grid, plot_layer_profiles, plot_loss_curves, plot_lr_sensitivity
+from trainer.run_dir import recorded_value
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 

@@ -8,7 +8,8 @@ from common.cli import UserError
 from model import MiniMindConfig, norm_variant
 from scripts import run_ablation
 from trainer import resume
-from trainer.args import ARCH, FLAG_ROLES, build_parser, config_fields, flags_with, parse_args, recorded_value
+from trainer.args import ARCH, FLAG_ROLES, build_parser, config_fields, flags_with, parse_args
+from trainer.run_dir import recorded_value
 from trainer.train_pretrain import model_config
 
 # The sets the code held before the role table, as runs and checkpoints were recorded under them: a finished run

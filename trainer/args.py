@@ -18,10 +18,9 @@ from model import (
     V_NORMS,
 )
 from model.model_minimind import QKV_PLACEMENTS
-from trainer.checkpoint import find_checkpoints
 from trainer.device import pick_device
 from trainer.optim import OPTIMIZERS
-from trainer.run_dir import no_checkpoint, previous_run
+from trainer.run_dir import find_checkpoints, no_checkpoint, previous_run
 
 # Defaults that depend on the device. The no-flag run must finish in minutes on a 2-core CPU, so off-GPU the
 # model is narrower, and the CPU preset's batch, steps and peak learning rate are the winners of the sweep in
@@ -210,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# Every flag's role, declared once. The resume checks (trainer/resume.py), the ablation runner's reuse of finished
+# Every flag's role, declared once. The resume checks (trainer/run_dir.py), the ablation runner's reuse of finished
 # runs and model_config() derive from it, and a test fails for a flag without one.
 ARCH = "arch"  # a model-config field: on --resume the checkpoint's model decides, and a value given must agree
 FIXED = "fixed"  # changes what the run computes and cannot change mid-run: must match on --resume
@@ -246,24 +245,6 @@ def flags_with(role: str) -> tuple[str, ...]:
 def config_fields() -> dict[str, str]:
     """Each architecture flag and the model-config field it sets."""
     return {flag: CONFIG_FIELD.get(flag, flag) for flag in flags_with(ARCH)}
-
-
-# Flags whose default depends on others, and the value a run recorded before the flag existed had in effect.
-RECORDED_BEFORE = {"diag_interval": lambda saved: saved.get("log_interval"),
-                   # HybridNorm's q, k and v norms were set explicitly; every other placement had none
-                   **dict.fromkeys(("qk_norm", "v_norm"), lambda saved: "head" if saved.get("norm_position")
-                                   in QKV_PLACEMENTS else "none")}
-
-
-def recorded_value(saved: dict, flag: str):
-    """The value of `flag` a recorded run (the args in its summary or checkpoint) was trained with. A flag added
-    after the run was recorded is missing from its args; new flags default to the old behaviour, so the run had
-    the parser default (or, for a flag in RECORDED_BEFORE, the value derived from the run's other flags)."""
-    if flag in saved:
-        return saved[flag]
-    if flag in RECORDED_BEFORE:
-        return RECORDED_BEFORE[flag](saved)
-    return build_parser().get_default(flag)
 
 
 POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "num_hidden_layers",

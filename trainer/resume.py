@@ -7,7 +7,8 @@ from common.cli import UserError
 from common.fs import write_file_atomically
 from data import PackedTokens, tokenizer_fingerprint
 from model import MiniMindConfig
-from trainer.args import DATA, FIXED, config_fields, flags_with, recorded_value
+from trainer.args import DATA, FIXED, config_fields, flags_with
+from trainer.run_dir import recorded_value
 from trainer.tracking import read_metrics
 
 # Flags a checkpoint must be resumed with: another batch shape, seed (its RNG states are restored instead) or

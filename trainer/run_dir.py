@@ -14,6 +14,7 @@ from pathlib import Path
 
 from common.cli import UserError
 from common.fs import LockHeld, exclusive_lock, remove_leftovers
+from model.model_minimind import QKV_PLACEMENTS
 from trainer.checkpoint import LINK, find_checkpoints
 
 LOCK_FILE = ".lock"
@@ -88,3 +89,25 @@ def claim_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> Iterator[None
         holder = f" (pid {held})" if str(held) else ""
         raise UserError(f"--out_dir {out_dir} is in use by another trainer{holder}; wait for it to finish or "
                         "choose another --out_dir") from None
+
+
+# --- compatibility with runs recorded by older versions of the trainer ----------------------------------
+
+# Flags whose default depends on others, and the value a run recorded before the flag existed had in effect.
+RECORDED_BEFORE = {"diag_interval": lambda saved: saved.get("log_interval"),
+                   # HybridNorm's q, k and v norms were set explicitly; every other placement had none
+                   **dict.fromkeys(("qk_norm", "v_norm"), lambda saved: "head" if saved.get("norm_position")
+                                   in QKV_PLACEMENTS else "none")}
+
+
+def recorded_value(saved: dict, flag: str):
+    """The value of `flag` a recorded run (the args in its summary or checkpoint) was trained with. A flag added
+    after the run was recorded is missing from its args; new flags default to the old behaviour, so the run had
+    the parser default (or, for a flag in RECORDED_BEFORE, the value derived from the run's other flags)."""
+    from trainer.args import build_parser  # here, not above: trainer.args imports this module
+
+    if flag in saved:
+        return saved[flag]
+    if flag in RECORDED_BEFORE:
+        return RECORDED_BEFORE[flag](saved)
+    return build_parser().get_default(flag)
