@@ -17,10 +17,9 @@ from model.model_minimind import (
     count_norms,
     norm_variant,
 )
-from model.variants import PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
 
 AutoConfig.register(MiniMindConfig.model_type, MiniMindConfig, exist_ok=True)
 AutoModelForCausalLM.register(MiniMindConfig, MiniMindForCausalLM, exist_ok=True)
 
 __all__ = ["ATTN_GATES", "EMBED_NORMS", "NORM_GAINS", "NORM_POSITIONS", "NORM_SCALINGS", "NORM_TYPES", "QK_NORMS", "V_NORMS", "MiniMindConfig",
-           "MiniMindForCausalLM", "count_norms", "norm_variant", "PLACEMENT_DEFAULTS", "PLACEMENTS", "VARIANTS"]
+           "MiniMindForCausalLM", "count_norms", "norm_variant"]

@@ -456,7 +456,7 @@ def builds_norms(config: MiniMindConfig) -> bool:
 
 
 # Setups best known by the recipe that uses them: norm_variant() gives them that name instead of the systematic
-# one, and model/variants.py lists them under it.
+# one, and study/variants.py lists them under it.
 RECIPES = {"pre+qk_head+embed_norm+softcap15-rmsnorm_noparam": "nanochat"}
 
 

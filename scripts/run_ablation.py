@@ -10,7 +10,7 @@
 Every run goes through trainer.train_pretrain.train (the same code as `python trainer/train_pretrain.py`),
 with identical data, seed list and step budget; any trainer flag passes through. A variant is
 <placement>-<norm>, e.g. pre-rmsnorm, post-layernorm, pre+qk_head-rmsnorm, reorder+qk_proj-rmsnorm: a named
-placement from PLACEMENTS in model/variants.py (the config fields it sets) and a norm type. Finished runs are
+placement from PLACEMENTS in study/variants.py (the config fields it sets) and a norm type. Finished runs are
 reused when the study is re-run with the same out_dir, so an interrupted study picks up where it stopped.
 
 With --tune_lr every (variant, depth) is compared at its own best peak learning rate: the first seed trains at
@@ -44,9 +44,9 @@ import numpy as np
 from common.cli import ArgumentParser, UserError, require_writable_dir, run_cli
 from common.environment import describe, environment
 from data import load_tokenizer, prepare_split
-from model import NORM_TYPES, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
-from model.variants import NAMED, variant_problem
+from model import NORM_TYPES
 from study.parallel import Worker, require_locks, train_in_parallel, waiting_claim
+from study.variants import NAMED, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS, variant_problem
 from trainer import lr_tuning
 from trainer.args import build_parser, fill_device_defaults, flags_with, validate
 from trainer.checkpoint import find_checkpoints

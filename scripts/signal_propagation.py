@@ -4,7 +4,7 @@ through depth, before any training.
     python scripts/signal_propagation.py                                  # 9 variants x depths 4..128, hidden 128
     python scripts/signal_propagation.py --variants pre-rmsnorm post-rmsnorm --depths 4 8 16 --hidden_size 64
 
-For every variant (a <placement>-<norm> name of model/variants.py) and depth it builds the model exactly as
+For every variant (a <placement>-<norm> name of study/variants.py) and depth it builds the model exactly as
 the trainer would (same flags, same initialization, fixed --seed), runs one forward and backward of the language-
 model loss on the first --batch_size windows of held-out text (the validation split through the data layer),
 and records per block: the RMS of the residual stream entering it, the gradient norm of its parameters, the
@@ -33,7 +33,7 @@ from tqdm import tqdm
 from common.cli import ArgumentParser, UserError, require_positive, run_cli
 from common.environment import environment
 from data import BatchSampler, load_tokenizer, prepare_split
-from model import VARIANTS
+from study.variants import VARIANTS
 from trainer.args import build_parser
 from trainer.diagnostics import block_grad_norms, layer_stats
 from trainer.plots import plot_signal_propagation
@@ -46,7 +46,7 @@ DEFAULT_VARIANTS = ["pre-rmsnorm", "post-rmsnorm", "peri-rmsnorm", "reorder-rmsn
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__)
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
-                   help="<placement>-<norm> names as in model/variants.py (pre-none = no norm at all)")
+                   help="<placement>-<norm> names as in study/variants.py (pre-none = no norm at all)")
     p.add_argument("--depths", nargs="+", type=int, default=[4, 8, 16, 32, 64, 128], help="numbers of blocks")
     p.add_argument("--hidden_size", type=int, default=128, help="model width")
     p.add_argument("--num_attention_heads", type=int, default=8, help="query heads")

@@ -11,10 +11,10 @@ import torch
 
 from common.cli import UserError, run_cli
 from data import load_tokenizer, prepare_split
-from model import NORM_POSITIONS, NORM_TYPES, PLACEMENT_DEFAULTS, norm_variant
-from model.variants import NAMED, variant_problem
+from model import NORM_POSITIONS, NORM_TYPES, norm_variant
 from scripts import run_ablation
 from study.parallel import Worker
+from study.variants import NAMED, PLACEMENT_DEFAULTS, variant_problem
 from trainer import args as trainer_args
 from trainer.args import build_parser
 from trainer.tracking import read_metrics

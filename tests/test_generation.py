@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import eval_llm
-from model import VARIANTS
 from model.model_minimind import CACHE_FIELD
-from model.variants import variant_fields, variant_problem
 from scripts import convert_from_minimind
+from study.variants import VARIANTS, variant_fields, variant_problem
 from tests.test_minimind_import import minimind_model, save_pth
 from tests.tiny import ids, tiny_model
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import model.model_minimind as mm
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
-from model.variants import variant_fields
+from study.variants import variant_fields
 from tests.test_norm_plan import docstring_counts, placed
 from tests.tiny import FIXTURES, TINY, assert_bf16_autocast_trains, assert_saved_logits, ids, tiny_model
 from trainer.optim import build_optimizer

@@ -6,8 +6,8 @@ import re
 import pytest
 import torch
 
-from model import VARIANTS, MiniMindConfig, MiniMindForCausalLM
-from model.variants import variant_fields, variant_problem
+from model import MiniMindConfig, MiniMindForCausalLM
+from study.variants import VARIANTS, variant_fields, variant_problem
 from tests import test_trainer
 from tests.test_trainer import (
     assert_same_run,

@@ -29,7 +29,8 @@ import trainer.train_pretrain
 from common.cli import UserError, run_cli
 from common.fs import exclusive_lock
 from data import DEFAULT_TOKENIZER_DIR, load_texts, prepare_split
-from model import VARIANTS, MiniMindConfig, MiniMindForCausalLM
+from model import MiniMindConfig, MiniMindForCausalLM
+from study.variants import VARIANTS
 from trainer.args import parse_args
 from trainer.checkpoint import LINK, read_model_dir
 from trainer.memory import model_parameters, step_memory_bytes

@@ -50,7 +50,7 @@ from data import (
     load_tokenizer,
     prepare_split,
 )
-from model import PLACEMENT_DEFAULTS, MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
+from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.model_minimind import NORM_MODULES
 from trainer.args import config_fields, device_defaults, parse_args
 from trainer.checkpoint import LINK, find_checkpoints, load_checkpoint, save_checkpoint, set_rng_state
@@ -110,8 +110,9 @@ def require_window(data: PackedTokens, args) -> None:
                     f"tokens, fewer than --max_seq_len + 1 = {args.max_seq_len + 1}{fix}")
 
 
-# The config fields a variant name is made of (model/variants.py): the norm type and the placement's switches.
-VARIANT_FIELDS = ("norm_type", *PLACEMENT_DEFAULTS)
+# The config fields a variant name is made of: the norm type and the switches of a placement (study/variants.py).
+VARIANT_FIELDS = ("norm_type", "norm_position", "norm_scaling", "qk_norm", "v_norm", "attn_gate", "attn_sinks", "sub_norm",
+                  "embed_norm", "norm_gain", "logit_softcap")
 # Fewer bytes per token than this means the tokenizer barely covers the corpus (its BPE merges were learned on other
 # text): the shipped tokenizer gives Shakespeare 2.95, German 2.3, Python 1.9 and Chinese 1.0.
 FEW_BYTES_PER_TOKEN = 1.5
