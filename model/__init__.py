@@ -3,23 +3,12 @@
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from model.model_minimind import (
-    ATTN_GATES,
-    EMBED_NORMS,
-    NORM_GAINS,
-    NORM_POSITIONS,
-    NORM_SCALINGS,
-    NORM_TYPES,
-    QK_NORMS,
-    V_NORMS,
-    MiniMindConfig,
-    MiniMindForCausalLM,
-    count_norms,
-    norm_variant,
-)
+from model.model_minimind import NORM_POSITIONS, SWITCH, SWITCHES, MiniMindConfig, MiniMindForCausalLM
+from model.names import PRESETS, norm_variant, variant_fields, variant_problem
+from model.norms import NORM_TYPES, count_norms
 
 AutoConfig.register(MiniMindConfig.model_type, MiniMindConfig, exist_ok=True)
 AutoModelForCausalLM.register(MiniMindConfig, MiniMindForCausalLM, exist_ok=True)
 
-__all__ = ["ATTN_GATES", "EMBED_NORMS", "NORM_GAINS", "NORM_POSITIONS", "NORM_SCALINGS", "NORM_TYPES", "QK_NORMS", "V_NORMS", "MiniMindConfig",
-           "MiniMindForCausalLM", "count_norms", "norm_variant"]
+__all__ = ["NORM_POSITIONS", "NORM_TYPES", "PRESETS", "SWITCH", "SWITCHES", "MiniMindConfig", "MiniMindForCausalLM",
+           "count_norms", "norm_variant", "variant_fields", "variant_problem"]

@@ -28,7 +28,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from model.model_minimind import NORM_TYPES
+from model.norms import NORM_TYPES
 
 # (norm_position, qk_norm, norm_gain, embed_norm) -> family
 FAMILIES = {("pre", "none", "w", "none"): "llama", ("pre", "head", "w", "none"): "qwen3",

@@ -1,74 +1,22 @@
-"""MiniMind: a small Llama-style decoder whose normalization is data, not code.
+"""MiniMind: a small Llama-style decoder (RoPE, grouped-query attention, SwiGLU) whose normalization is data.
 
-Read top to bottom: config -> the norms -> the norm plan -> rotary embeddings -> attention -> feed-forward ->
-block -> model. With the defaults (Pre-Norm RMSNorm, 8 layers) the model holds 17 norms:
+Read top to bottom: the norm plan -> the config, whose SWITCHES declare every architecture switch once (the
+trainer's flags, the variant names of model/names.py and docs/model.md's switch table derive from them) -> one
+block for every plan -> attention, feed-forward, rotary embeddings -> the model. The norm types and their registry
+live in model/norms.py. With the defaults (Pre-Norm RMSNorm, 8 layers) the model holds 17 norms:
 
     layers.{0..7}.input_layernorm            before attention      (8)
     layers.{0..7}.post_attention_layernorm   before the MLP        (8)   <- Llama's name; it is a *pre*-MLP norm
     norm                                     before lm_head        (1)
 
-Where the norms sit is decided by `norm_position`, turned by layer_plans() into one small LayerPlan per block
-(which norm slots exist, a scale on the skip, a scale on the input norms); one block class runs every plan.
-Each sublayer F (attention, MLP) has three slots: before F (x + F(N(x))), on F's output before the add
-(x + N(F(x))) and on the sum (N(x + F(x))). Module names follow the Hugging Face family that uses each
-placement, so one name can mean different things in different placements:
-
-  placement  block formula (per sublayer F)  norms per block, in order                              final  at L=8
-  pre        x + F(N(x))                     input_layernorm (attn in), post_attention_layernorm    yes    17
-                                             (MLP in)                                   [Llama, Qwen3]
-  post       N(x + F(x))                     post_attention_layernorm (after attn add),              no     16
-                                             post_feedforward_layernorm (after MLP add)   [2017]
-  peri       x + N_out(F(N_in(x)))           input_layernorm (attn in), post_attention_layernorm     yes    33
-                                             (attn out), pre_feedforward_layernorm (MLP in),
-                                             post_feedforward_layernorm (MLP out)        [Gemma 2/3]
-  reorder    x + N(F(x))                     post_attention_layernorm (attn out),                   yes    17
-                                             post_feedforward_layernorm (MLP out)        [OLMo 2]
-  deepnorm   N(alpha * x + F(x))             as post; alpha = (2L)^(1/4), and v_proj, o_proj and     no     16
-                                             the MLP start at beta = (8L)^(-1/4) times the usual init
-  mix        post in blocks < floor(f * L),  post's names in the Post blocks, pre's in the others   yes    17
-             pre in the rest (Mix-LN)        (f = mix_ln_fraction = 0.25: 2 Post blocks at L=8)
-  hybrid     N(x + Attn(x)), then h + FFN(h) post_attention_layernorm (after attn add),             yes    33
-             (HybridNorm; q, k, v are taken  self_attn.q_norm / k_norm / v_norm; no MLP norm
-             from the raw stream, normalized) (implies qk_norm="head" and v_norm="head")
-  hybrid_star  block 0 pre + QKV-norm,       block 0: pre's names and q/k/v norms;                  yes    34
-             the rest hybrid (HybridNorm*)   the others as hybrid
-  rezero     x + a * F(x), a a learnable     none; attn_residual_scale and mlp_residual_scale,       no     0
-             scalar per sublayer, 0 at init  one scalar each (ReZero, SkipInit): every block is the
-                                             identity at init
-
-A final norm is kept wherever the last block leaves the residual stream un-normalized; after a Post block it
-would only rescale what that block's norm produced. Two switches work with every placement:
-  qk_norm="head"  self_attn.q_norm / k_norm over each head's head_dim, before RoPE (Qwen3, Gemma 3): +2 per block
-  qk_norm="proj"  the same over the whole q / k projections, before the head split (OLMo 2):       +2 per block
-plus v_norm="head": self_attn.v_norm over each head's v, before attention (Gemma 3n/4 QKV-norm): +1 per block;
-and norm_scaling="depth" (LayerNorm Scaling) multiplies the input norms of block l = 1..L by 1/sqrt(l) (pre and
-mix only; no extra norms). Also with every placement:
-  sub_norm=True       self_attn.attn_sub_norm on the concatenated heads before o_proj (width heads * head_dim) and
-                      mlp.ffn_sub_norm on the SwiGLU product before down_proj (width intermediate_size), BitNet's
-                      names (Sub-LN, NormFormer's inner norms):                                  +2 per block
-  embed_norm="scale"  the looked-up embeddings times sqrt(hidden_size) (Gemma):                   no extra norm
-  embed_norm="norm"   model.word_embeddings_layernorm right after the lookup (BLOOM):             +1
-  norm_gain="one_plus_w"  every gain stored as w (init 0) and applied as 1 + w in float32 (Gemma 2/3); the
-                      same function at init, but weight decay (--norm_weight_decay) pulls it toward 1, not 0
-Two attention options are not norms and add none (count_norms is unchanged), but target what norms shape, attention
-sinks and massive activations; they too work with every placement:
-  attn_gate="elementwise"|"headwise"  y_h * sigmoid(gate_h) on each head's output before o_proj, the gate logits
-                                      computed by q_proj (per head: the query, then head_dim or 1 gate logits;
-                                      Qwen3-Next's layout)                                     +0 norms
-  attn_sinks=True                     self_attn.sinks, one learnable logit per head in every softmax row
-                                      (GPT-OSS, DeepSeek-V4)                                   +0 norms
-norm_type (RMSNorm, LayerNorm, DyT, Derf, SeeDNorm, BatchNorm, none) is independent of all of this. One more option
-is not a norm but bounds what the norms feed: logit_softcap=C turns the logits z into C * tanh(z / C), in float32
-(Gemma 2, nanochat), in training and generation alike.
-
-Pre-Norm RMSNorm maps 1:1 onto LlamaForCausalLM, with head QK-norm onto Qwen3ForCausalLM, and reorder with proj
-QK-norm onto Olmo2ForCausalLM; peri RMSNorm with one_plus_w gains and the sqrt(d) embedding scale onto
-Gemma2ForCausalLM, with head QK-norm onto Gemma3ForCausalLM (scripts/convert_to_hf.py).
+docs/model.md has the table of placements (formulas, module names, norm counts) and of the Hugging Face classes
+each maps onto (scripts/convert_to_hf.py).
 """
 
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -78,310 +26,19 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from model.norms import BatchNorm, Derf, DyT, LayerNorm, SeeDNorm, SSNorm, gain_of
-from model.rmsnorm_kernels import rms_norm
+from model.norms import NORM_TYPES, RMSNorm, count_norms, init_norm, make_norm
+
+__all__ = ["RMSNorm", "count_norms"]  # the default norm and the count users check, re-exported from model/norms.py
 
 # transformers 5.24 renamed the KV cache from past_key_values to cache, both in what generate() passes to forward
 # and in the model outputs it reads back. The model takes either name and returns the cache under the name the
 # installed release reads, so generation keeps its context on every release requirements.txt admits.
 CACHE_FIELD = "cache" if "cache" in {f.name for f in fields(CausalLMOutputWithPast)} else "past_key_values"
 
-NORM_POSITIONS = ("pre", "post", "peri", "reorder", "deepnorm", "mix", "hybrid", "hybrid_star", "rezero")
-# HybridNorm normalizes q, k and v inside attention in place of an input norm: these placements need both fields.
-QKV_PLACEMENTS = ("hybrid", "hybrid_star")
-NORM_SCALINGS = ("none", "depth")
-QK_NORMS = ("none", "head", "proj")
-V_NORMS = ("none", "head")
-ATTN_GATES = ("none", "headwise", "elementwise")
-EMBED_NORMS = ("none", "scale", "norm")
-NORM_GAINS = ("w", "one_plus_w")
-
 
 # ----------------------------------------------------------------------------------------------------------
-# Config
-
-
-class MiniMindConfig(PretrainedConfig):
-    """Defaults are MiniMind2-small: 512 hidden, 8 layers, 8 query / 2 KV heads, vocab 6400 (~25.8M params)."""
-
-    model_type = "minimind"
-
-    def __init__(
-        self,
-        vocab_size: int = 6400,
-        hidden_size: int = 512,
-        intermediate_size: int | None = None,
-        num_hidden_layers: int = 8,
-        num_attention_heads: int = 8,
-        num_key_value_heads: int = 2,
-        max_position_embeddings: int = 32768,
-        rope_theta: float = 1e6,
-        rms_norm_eps: float = 1e-5,
-        norm_type: str = "rmsnorm",
-        norm_position: str = "pre",
-        mix_ln_fraction: float = 0.25,
-        norm_scaling: str = "none",
-        qk_norm: str | None = None,
-        v_norm: str | None = None,
-        attn_gate: str = "none",
-        attn_sinks: bool = False,
-        sub_norm: bool = False,
-        embed_norm: str = "none",
-        norm_gain: str = "w",
-        deepnorm_alpha: float | None = None,
-        deepnorm_beta: float | None = None,
-        dyt_alpha_init: float = 0.5,
-        dyt_alpha_init_attn: float | None = None,
-        dyt_alpha_init_mlp: float | None = None,
-        dyt_alpha_init_final: float | None = None,
-        logit_softcap: float = 0.0,
-        initializer_range: float = 0.02,
-        tie_word_embeddings: bool = True,
-        bos_token_id: int = 1,
-        eos_token_id: int = 0,
-        pad_token_id: int = 0,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        # SwiGLU has three matrices instead of two, so 8/3*hidden keeps the FFN's parameter count at 4*hidden's;
-        # rounding up to a multiple of 64 keeps matmuls aligned (512 -> 1408, as in MiniMind).
-        self.intermediate_size = intermediate_size or 64 * math.ceil(hidden_size * 8 / 3 / 64)
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.num_key_value_heads = num_key_value_heads
-        self.max_position_embeddings = max_position_embeddings
-        self.rope_theta = rope_theta
-        self.rms_norm_eps = rms_norm_eps
-        self.norm_type = norm_type
-        self.norm_position = norm_position
-        self.mix_ln_fraction = mix_ln_fraction
-        self.norm_scaling = norm_scaling
-        # Unset, they follow the placement: HybridNorm is defined with q, k and v normalized per head, the rest
-        # with neither. An explicit value that contradicts the placement is refused in _validate.
-        implied = "head" if norm_position in QKV_PLACEMENTS else "none"
-        self.qk_norm = implied if qk_norm is None else qk_norm
-        self.v_norm = implied if v_norm is None else v_norm
-        self.attn_gate = attn_gate
-        self.attn_sinks = attn_sinks
-        self.sub_norm = sub_norm
-        self.embed_norm = embed_norm
-        self.norm_gain = norm_gain
-        # DeepNet's decoder-only constants unless set (setting both to 1 turns deepnorm into post, a test uses it)
-        self.deepnorm_alpha = deepnorm_alpha
-        self.deepnorm_beta = deepnorm_beta
-        # DyT's LLaMA recipe starts alpha differently before attention, before the MLP and in the final norm;
-        # an unset position falls back to dyt_alpha_init (also used by the QK-norms).
-        self.dyt_alpha_init = dyt_alpha_init
-        self.dyt_alpha_init_attn = dyt_alpha_init_attn
-        self.dyt_alpha_init_mlp = dyt_alpha_init_mlp
-        self.dyt_alpha_init_final = dyt_alpha_init_final
-        self.logit_softcap = logit_softcap  # 0 = off
-        self.initializer_range = initializer_range
-        self._validate()
-        super().__init__(
-            tie_word_embeddings=tie_word_embeddings,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            **kwargs,
-        )
-
-    def _validate(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                f"({self.num_attention_heads}); allowed: a divisor of hidden_size"
-            )
-        if (self.hidden_size // self.num_attention_heads) % 2:
-            raise ValueError(
-                f"hidden_size / num_attention_heads must be even for rotary embeddings, "
-                f"got {self.hidden_size // self.num_attention_heads}"
-            )
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be divisible by num_key_value_heads "
-                f"({self.num_key_value_heads}); allowed: a divisor of num_attention_heads"
-            )
-        for name, allowed in (("norm_type", sorted(NORM_TYPES)), ("norm_position", list(NORM_POSITIONS)),
-                              ("norm_scaling", list(NORM_SCALINGS)), ("qk_norm", list(QK_NORMS)),
-                              ("v_norm", list(V_NORMS)), ("attn_gate", list(ATTN_GATES)),
-                              ("attn_sinks", [False, True]), ("embed_norm", list(EMBED_NORMS)),
-                              ("norm_gain", list(NORM_GAINS))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.norm_scaling != "none" and self.norm_position not in ("pre", "mix"):
-            raise ValueError(f"norm_scaling={self.norm_scaling!r} scales the input norms of Pre-Norm blocks; "
-                             f"allowed with norm_position 'pre' or 'mix', got {self.norm_position!r}")
-        if self.qk_norm != "none" and self.norm_type == "none":
-            raise ValueError(f"qk_norm={self.qk_norm!r} needs a norm to apply; allowed with any norm_type but "
-                             "'none' (or set qk_norm='none')")
-        if self.v_norm != "none" and self.norm_type == "none":
-            raise ValueError(f"v_norm={self.v_norm!r} needs a norm to apply; allowed with any norm_type but "
-                             "'none' (or set v_norm='none')")
-        for name in ("qk_norm", "v_norm"):
-            if self.norm_position in QKV_PLACEMENTS and getattr(self, name) != "head":
-                raise ValueError(f"norm_position={self.norm_position!r} (HybridNorm) normalizes q, k and v per head "
-                                 f"in place of the attention input norm, so it implies {name}='head'; got "
-                                 f"{name}={getattr(self, name)!r}: leave {name} unset or set it to 'head'")
-        if not isinstance(self.sub_norm, bool):
-            raise ValueError(f"sub_norm must be true or false, got {self.sub_norm!r}")
-        for name, adds_norms in (("sub_norm", self.sub_norm), ("embed_norm", self.embed_norm == "norm")):
-            if adds_norms and self.norm_type == "none":
-                raise ValueError(f"{name}={getattr(self, name)!r} adds norms; allowed with any norm_type but 'none'")
-        if self.norm_gain != "w" and not NORM_TYPES[self.norm_type].gain:
-            raise ValueError(f"norm_gain={self.norm_gain!r} reparametrizes a norm's gain, and "
-                             f"norm_type={self.norm_type!r} has none; allowed with "
-                             f"{[n for n, t in NORM_TYPES.items() if t.gain]}")
-        if not 0 <= self.mix_ln_fraction <= 1:
-            raise ValueError(f"mix_ln_fraction must be in [0, 1], got {self.mix_ln_fraction}")
-        if not 0 <= self.logit_softcap < math.inf:
-            raise ValueError(f"logit_softcap must be a finite number >= 0 (0 = off), got {self.logit_softcap}")
-        for name in ("deepnorm_alpha", "deepnorm_beta", "dyt_alpha_init", "dyt_alpha_init_attn", "dyt_alpha_init_mlp",
-                     "dyt_alpha_init_final"):
-            if getattr(self, name) is not None and not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0 (or unset for the default), got {getattr(self, name)}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Normalization: RMSNorm here, the other types in model/norms.py; NORM_TYPES below is the registry of all.
-
-
-class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * weight  (Zhang & Sennrich 2019). No mean subtraction, no bias.
-
-    The statistics are computed in float32 and the result cast back, because mean(x^2) over 512 bf16 values
-    loses most of its precision; the weight multiplies the cast-back value, as in Llama, so under autocast
-    (bf16 x, float32 weight) the output is float32. elementwise_affine=False gives the parameter-free variant.
-    The arithmetic lives in model/rmsnorm_kernels.py: the eager formula
-        xf = x.float(); (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-    or, with the same output bit for bit, a faster way to run it, chosen by device and dtype from measurement.
-    one_plus_w=True stores the gain as w (starting at 0) and applies 1 + w in Gemma 2/3's order: all in float32,
-    cast to x's dtype last (model/norms.py, gain_of).
-    """
-
-    def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True, one_plus_w: bool = False):
-        super().__init__()
-        self.eps = eps
-        self.one_plus_w = one_plus_w
-        self.weight = nn.Parameter(torch.full((dim,), 0.0 if one_plus_w else 1.0)) if elementwise_affine else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.one_plus_w and self.weight is not None:  # the same kernel on float32 x, so in fp32 it is exact
-            return rms_norm(x.float(), gain_of(self), self.eps).to(x.dtype)
-        return rms_norm(x, self.weight, self.eps)
-
-
-@dataclass(frozen=True)
-class NormType:
-    """One entry of the norm registry: how to build a norm of this type for a slot, and how to initialize it."""
-
-    cls: type[nn.Module] | None  # what count_norms counts; None = no norm at all
-    build: Callable[[int, MiniMindConfig, str], nn.Module] | None = None  # (dim, config, site) -> a module
-    init: Callable[[nn.Module], None] | None = None  # the fresh-model state (also for buffers)
-    hf_rmsnorm: bool = False  # computes what HF's RMSNorm (Llama, Qwen3, OLMo 2) computes, gains included
-    gain: bool = True  # has a learnable gain (which norm_gain='one_plus_w' stores as w, applied as 1 + w)
-    help: str = ""
-
-
-def _init_affine(m: nn.Module) -> None:
-    if m.weight is not None:  # a gain of 1 either way: stored as 1, or as w = 0 applied as 1 + w
-        init.constant_(m.weight, 0.0 if m.one_plus_w else 1.0)
-    if getattr(m, "bias", None) is not None:
-        init.zeros_(m.bias)
-
-
-def _init_batchnorm(m: BatchNorm) -> None:
-    _init_affine(m)
-    init.zeros_(m.running_mean)
-    init.ones_(m.running_var)
-    init.zeros_(m.num_batches_tracked)
-
-
-def _init_dyt(m: DyT) -> None:
-    _init_affine(m)
-    init.constant_(m.alpha, m.alpha_init)
-
-
-def _init_derf(m: Derf) -> None:
-    _init_affine(m)
-    init.constant_(m.alpha, m.alpha_init)
-    init.zeros_(m.shift)
-
-
-def _init_seednorm(m: SeeDNorm) -> None:
-    _init_affine(m)
-    init.ones_(m.alpha)
-    init.zeros_(m.beta)
-
-
-def dyt_alpha(cfg: MiniMindConfig, site: str) -> float:
-    """DyT's starting alpha for a norm at site 'attn', 'mlp', 'final' or 'qk' (per-position where set)."""
-    per_site = getattr(cfg, f"dyt_alpha_init_{site}", None)
-    return cfg.dyt_alpha_init if per_site is None else per_site
-
-
-def one_plus_w(cfg: MiniMindConfig) -> bool:
-    return cfg.norm_gain == "one_plus_w"
-
-
-NORM_TYPES = {
-    "rmsnorm": NormType(
-        RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, one_plus_w=one_plus_w(cfg)), _init_affine,
-        hf_rmsnorm=True, help="x / rms(x) * gain (Llama)"),
-    "rmsnorm_noparam": NormType(
-        RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, elementwise_affine=False), _init_affine,
-        hf_rmsnorm=True, gain=False, help="RMSNorm without gains"),
-    "ssnorm": NormType(
-        SSNorm, lambda dim, cfg, site: SSNorm(cfg.rms_norm_eps, one_plus_w(cfg)), _init_affine,
-        help="x / rms(x) * one scalar gain (single-scale RMSNorm, OSP 2025)"),
-    "layernorm": NormType(
-        LayerNorm, lambda dim, cfg, site: LayerNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)), _init_affine,
-        help="(x - mean) / std * gain + bias (GPT-2)"),
-    "dyt": NormType(
-        DyT, lambda dim, cfg, site: DyT(dim, dyt_alpha(cfg, site), one_plus_w(cfg)), _init_dyt,
-        help="gain * tanh(alpha * x) + bias, no statistics (DyT, 2025)"),
-    "derf": NormType(
-        Derf, lambda dim, cfg, site: Derf(dim, dyt_alpha(cfg, site), one_plus_w(cfg)), _init_derf,
-        help="gain * erf(alpha * x + shift) + bias, no statistics (Derf, 2025)"),
-    "seednorm": NormType(
-        SeeDNorm, lambda dim, cfg, site: SeeDNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)), _init_seednorm,
-        help="[tanh(x . beta) * alpha + gain] * x / rms(x), a per-token gain (SeeDNorm, 2025)"),
-    "batchnorm": NormType(
-        BatchNorm, lambda dim, cfg, site: BatchNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)), _init_batchnorm,
-        help="statistics over the batch: a demonstration that it leaks future tokens"),
-    "none": NormType(None, gain=False, help="no normalization at all"),
-}
-NORM_MODULES = tuple(dict.fromkeys(t.cls for t in NORM_TYPES.values() if t.cls is not None))
-
-
-def init_norm(module: nn.Module) -> None:
-    """Give a norm module its fresh state (anything else is left alone)."""
-    kind = next((t for t in NORM_TYPES.values() if t.cls is not None and type(module) is t.cls), None)
-    if kind is not None:
-        kind.init(module)
-
-
-def make_norm(config: MiniMindConfig, site: str, dim: int | None = None) -> nn.Module:
-    """A norm of config.norm_type for one slot; an Identity for norm_type='none', so every slot stays callable."""
-    build = NORM_TYPES[config.norm_type].build
-    return nn.Identity() if build is None else build(dim or config.hidden_size, config, site)
-
-
-def count_norms(model: nn.Module) -> int:
-    """Number of normalization modules (Identity placeholders of norm_type='none' do not count)."""
-    return sum(isinstance(m, NORM_MODULES) for m in model.modules())
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The norm plan: where each block normalizes, as data. layer_plans(config) is the only reader of norm_position.
+# The norm plan: where each block normalizes, as data. Each sublayer F (attention, MLP) has three slots: before F
+# (x + F(N(x))), on F's output before the add (x + N(F(x))) and on the sum (N(x + F(x))).
 
 
 @dataclass(frozen=True)
@@ -406,6 +63,29 @@ HYBRID = (Slots(around="post_attention_layernorm"), Slots())
 EMPTY = (Slots(), Slots())  # ReZero: no norm at all, a learnable scale on each sublayer's output instead
 
 
+def num_post_blocks(config) -> int:
+    """Mix-LN's Post-Norm blocks come first: floor(fraction * L) of them (the epsilon absorbs 0.29 * 100 = 28.99..)."""
+    return math.floor(config.mix_ln_fraction * config.num_hidden_layers + 1e-9)
+
+
+# norm_position -> (the slots of block i, whether a final norm follows the last block). A final norm is kept
+# wherever the last block may leave the residual stream un-normalized; after a Post block it would only rescale
+# what that block's norm produced, and ReZero has no norm by design.
+PLACEMENTS: dict[str, tuple[Callable, bool]] = {
+    "pre": (lambda i, cfg: PRE, True),  # Llama, Qwen3
+    "post": (lambda i, cfg: POST, False),  # the 2017 Transformer
+    "peri": (lambda i, cfg: PERI, True),  # Gemma 2/3's sandwich
+    "reorder": (lambda i, cfg: REORDER, True),  # OLMo 2
+    "deepnorm": (lambda i, cfg: POST, False),  # DeepNet: POST with a scaled skip and init (LayerPlan)
+    "mix": (lambda i, cfg: POST if i < num_post_blocks(cfg) else PRE, True),  # Mix-LN
+    "hybrid": (lambda i, cfg: HYBRID, True),  # HybridNorm
+    "hybrid_star": (lambda i, cfg: PRE if i == 0 else HYBRID, True),  # HybridNorm*: block 0 is Pre-Norm
+    "rezero": (lambda i, cfg: EMPTY, False),  # ReZero / SkipInit
+}
+NORM_POSITIONS = tuple(PLACEMENTS)
+QKV_PLACEMENTS = ("hybrid", "hybrid_star")  # normalize q, k and v in place of an input norm: they imply both
+
+
 @dataclass(frozen=True)
 class LayerPlan:
     attn: Slots
@@ -416,116 +96,226 @@ class LayerPlan:
     residual_scale: bool = False  # ReZero's x + a * F(x), one learnable a per sublayer
 
 
-def num_post_blocks(config: MiniMindConfig) -> int:
-    """Mix-LN's Post-Norm blocks come first: floor(fraction * L) of them (the epsilon absorbs 0.29 * 100 = 28.99..)."""
-    return math.floor(config.mix_ln_fraction * config.num_hidden_layers + 1e-9)
-
-
-def layer_plans(config: MiniMindConfig) -> list[LayerPlan]:
+def layer_plans(config) -> list[LayerPlan]:
+    """One plan per block; with has_final_norm, the only reader of norm_position."""
     L, position = config.num_hidden_layers, config.norm_position
     alpha = beta = 1.0
     if position == "deepnorm":  # DeepNet (2022), decoder-only: alpha = (2L)^(1/4), beta = (8L)^(-1/4)
         alpha = config.deepnorm_alpha or (2 * L) ** 0.25
         beta = config.deepnorm_beta or (8 * L) ** -0.25
-    plans = []
-    for i in range(L):
-        if position == "mix":
-            slots = POST if i < num_post_blocks(config) else PRE
-        elif position == "hybrid_star":  # HybridNorm*: block 0 is a Pre-Norm block (with the QKV-norm)
-            slots = PRE if i == 0 else HYBRID
-        else:
-            slots = {"pre": PRE, "post": POST, "peri": PERI, "reorder": REORDER, "deepnorm": POST,
-                     "hybrid": HYBRID, "rezero": EMPTY}[position]
-        scale = 1 / math.sqrt(i + 1) if config.norm_scaling == "depth" else 1.0
-        plans.append(LayerPlan(*slots, skip_scale=alpha, input_scale=scale, init_scale=beta,
-                               residual_scale=position == "rezero"))
-    return plans
+    slots_of = PLACEMENTS[position][0]
+    return [LayerPlan(*slots_of(i, config), skip_scale=alpha, init_scale=beta, residual_scale=position == "rezero",
+                      input_scale=1 / math.sqrt(i + 1) if config.norm_scaling == "depth" else 1.0)
+            for i in range(L)]
 
 
-def has_final_norm(config: MiniMindConfig) -> bool:
-    """A final norm wherever the last block may leave the residual stream un-normalized (Mix-LN keeps it always);
-    ReZero has none by design: its model holds no norm at all."""
-    return config.norm_position not in ("post", "deepnorm", "rezero")
-
-
-def builds_norms(config: MiniMindConfig) -> bool:
-    """Whether any slot holds a norm of norm_type: every placement's blocks or final norm do, except ReZero's,
-    which has norms only where a switch (QK-, V-, sub- or embedding norm) adds them."""
-    return (config.norm_position != "rezero" or config.qk_norm != "none" or config.v_norm != "none"
-            or config.sub_norm or config.embed_norm == "norm")
-
-
-# Setups best known by the recipe that uses them: norm_variant() gives them that name instead of the systematic
-# one, and study/variants.py lists them under it.
-RECIPES = {"pre+qk_head+embed_norm+softcap15-rmsnorm_noparam": "nanochat"}
-
-
-def norm_variant(config: MiniMindConfig) -> str:
-    """A short name for the whole normalization setup, e.g. 'pre-rmsnorm', 'pre+depth+qk_head-rmsnorm', 'rezero'
-    (no norm anywhere, so no norm type), or a recipe's name from RECIPES ('nanochat')."""
-    placement = config.norm_position
-    if placement == "mix" and config.mix_ln_fraction != 0.25:
-        placement += f"{config.mix_ln_fraction:g}"
-    if config.norm_scaling != "none":
-        placement += f"+{config.norm_scaling}"
-    if config.norm_position in QKV_PLACEMENTS:
-        pass  # HybridNorm always has the QKV-norm
-    elif config.qk_norm == config.v_norm == "head":
-        placement += "+qkv"  # QKV-norm: per-head norms on q, k and v
-    else:
-        placement += f"+qk_{config.qk_norm}" if config.qk_norm != "none" else ""
-        placement += f"+v_{config.v_norm}" if config.v_norm != "none" else ""
-    placement += "+sub" if config.sub_norm else ""
-    placement += f"+embed_{config.embed_norm}" if config.embed_norm != "none" else ""
-    placement += "+one_plus_w" if config.norm_gain == "one_plus_w" else ""
-    placement += {"none": "", "elementwise": "+gate", "headwise": "+gate_head"}[config.attn_gate]
-    placement += "+sinks" if config.attn_sinks else ""
-    placement += f"+softcap{config.logit_softcap:g}" if config.logit_softcap else ""
-    if not builds_norms(config):  # the norm type is unused, so the name leaves it out: 'rezero'
-        return placement
-    name = f"{placement}-{config.norm_type}"
-    return RECIPES.get(name, name)
+def has_final_norm(config) -> bool:
+    return PLACEMENTS[config.norm_position][1]
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Rotary position embeddings (RoPE, Su et al. 2021), in Llama's rotate-half layout so weights stay portable.
+# Config: every architecture switch declared once.
 
 
-class RotaryEmbedding(nn.Module):
-    def __init__(self, config: MiniMindConfig):
+@dataclass(frozen=True)
+class Switch:
+    """One architecture switch: a config field, the trainer flag of its name (`flag` where they differ), a row of
+    docs/model.md's switch table, and with `token` a part of the variant name (model/names.py)."""
+
+    name: str
+    default: object  # None: derived from other fields (the placement, the width) unless set
+    help: str
+    type: type = str
+    choices: tuple = ()  # the allowed values; a number is checked by `allowed` instead
+    allowed: tuple[Callable[[float], bool], str] | None = None  # (test, what it asks for, in words)
+    token: dict | str | None = None  # value -> part of the variant name; for a number, the prefix of "{prefix}{v:g}"
+    flag: str | None = None
+
+    @property
+    def flag_name(self) -> str:
+        return self.flag or self.name
+
+
+POSITIVE_INT = (lambda v: v >= 1, "a positive integer")
+ABOVE_ZERO = (lambda v: v > 0, "> 0 (or unset for the default)")
+SWITCHES = (
+    Switch("hidden_size", 512, "model width", int, allowed=POSITIVE_INT),
+    Switch("intermediate_size", None, "SwiGLU width (default: 8/3 x hidden_size rounded up to a multiple of 64)",
+           int, allowed=POSITIVE_INT),
+    Switch("num_hidden_layers", 8, "number of transformer blocks", int, allowed=POSITIVE_INT),
+    Switch("num_attention_heads", 8, "query heads", int, allowed=POSITIVE_INT),
+    Switch("num_key_value_heads", 2, "key/value heads (grouped-query attention)", int, allowed=POSITIVE_INT),
+    Switch("rms_norm_eps", 1e-5, "epsilon added to the variance in every norm with statistics", float,
+           allowed=ABOVE_ZERO),
+    Switch("norm_type", "rmsnorm", "the norm in every slot of the placement (table: docs/model.md); batchnorm is "
+           "a demonstration that leaks later tokens, not a candidate", choices=tuple(NORM_TYPES), flag="norm"),
+    Switch("norm_position", "pre", "where the norms sit in each block: pre x + F(N(x)); post N(x + F(x)); peri "
+           "x + N(F(N(x))); reorder x + N(F(x)); deepnorm N(a*x + F(x)); mix: post then pre (Mix-LN); hybrid: "
+           "N(x + Attn(x)) with q, k, v normed, then h + FFN(h); hybrid_star: block 0 pre, the rest hybrid; rezero "
+           "x + a*F(x), no norm (docs/model.md)", choices=NORM_POSITIONS),
+    Switch("mix_ln_fraction", 0.25, "with norm_position mix: the share of the blocks, from the input, that are "
+           "Post-Norm", float, allowed=(lambda v: 0 <= v <= 1, "in [0, 1]")),
+    Switch("norm_scaling", "none", "depth: the input norms of block l times 1/sqrt(l) (LayerNorm Scaling)",
+           choices=("none", "depth"), token={"depth": "depth"}),
+    Switch("qk_norm", None, "normalize q and k before RoPE, per head (Qwen3, Gemma 3) or over the projection "
+           "(OLMo 2) (default: head for hybrid placements, else none)", choices=("none", "head", "proj"),
+           token={"head": "qk_head", "proj": "qk_proj"}),
+    Switch("v_norm", None, "head: normalize each head's values (Gemma 3n/4's QKV-norm with qk_norm head) "
+           "(default: head for hybrid placements, else none)", choices=("none", "head"), token={"head": "v_head"}),
+    Switch("sub_norm", False, "norms inside the sublayers, before o_proj and down_proj (BitNet's Sub-LN)", bool,
+           token={True: "sub"}),
+    Switch("embed_norm", "none", "after the embedding lookup: scale, times sqrt(hidden_size) (Gemma); norm, a "
+           "norm (BLOOM, nanochat)", choices=("none", "scale", "norm"),
+           token={"scale": "embed_scale", "norm": "embed_norm"}),
+    Switch("norm_gain", "w", "one_plus_w: every gain stored as w, init 0, applied as 1 + w (Gemma 2/3)",
+           choices=("w", "one_plus_w"), token={"one_plus_w": "one_plus_w"}),
+    Switch("attn_gate", "none", "scale each head's output by sigmoid(gate), the gate logits from q_proj: one per "
+           "dimension (elementwise, Qwen3-Next) or per head", choices=("none", "headwise", "elementwise"),
+           token={"elementwise": "gate", "headwise": "gate_head"}),
+    Switch("attn_sinks", False, "a learnable sink logit per head in every softmax (GPT-OSS, DeepSeek-V4)", bool,
+           token={True: "sinks"}),
+    Switch("logit_softcap", 0.0, "logits C * tanh(z / C) in float32, in training and generation (Gemma 2: 30, "
+           "nanochat: 15); 0 = off", float, allowed=(lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+           token="softcap"),
+    Switch("dyt_alpha_init", 0.5, "with norm_type dyt or derf: the starting alpha of every such norm not set "
+           "per position (the papers' 0.5)", float, allowed=ABOVE_ZERO),
+    *(Switch(f"dyt_alpha_init_{site}", None, f"with norm_type dyt or derf: the starting alpha of {where} (DyT's "
+             "LLaMA 7B recipe: attn 0.8, mlp 0.2, final 0.2)", float, allowed=ABOVE_ZERO)
+      for site, where in (("attn", "the attention norms"), ("mlp", "the MLP norms"), ("final", "the final norm"))),
+    Switch("deepnorm_alpha", None, "with norm_position deepnorm: the skip scale (default DeepNet's (2L)^(1/4))",
+           float, allowed=ABOVE_ZERO),
+    Switch("deepnorm_beta", None, "with norm_position deepnorm: the init scale (default DeepNet's (8L)^(-1/4))",
+           float, allowed=ABOVE_ZERO),
+)
+SWITCH = {s.name: s for s in SWITCHES}
+
+
+def with_implied(values: dict) -> SimpleNamespace:
+    """Every switch's value: the given ones, the rest their defaults, and the derived ones filled in."""
+    c = SimpleNamespace(**{s.name: s.default for s in SWITCHES} | values)
+    for name in ("qk_norm", "v_norm"):  # HybridNorm is defined with q, k and v normalized per head
+        if getattr(c, name) is None:
+            setattr(c, name, "head" if c.norm_position in QKV_PLACEMENTS else "none")
+    if c.intermediate_size is None and isinstance(c.hidden_size, int):
+        # SwiGLU has three matrices instead of two, so 8/3*hidden keeps the FFN's parameter count at 4*hidden's;
+        # rounding up to a multiple of 64 keeps matmuls aligned (512 -> 1408, as in MiniMind).
+        c.intermediate_size = 64 * math.ceil(c.hidden_size * 8 / 3 / 64)
+    return c
+
+
+def config_problem(values: dict, name: Callable[[str], str] = str) -> str | None:
+    """Why these switch values make no model, in one line naming each field through `name` (the trainer passes
+    its flags' names), or None when they do."""
+    c = with_implied(values)
+    for s in SWITCHES:
+        value = getattr(c, s.name)
+        if s.choices and value not in s.choices:
+            return f"{name(s.name)} must be one of {list(s.choices)}, got {value!r}"
+        if s.type is bool and not isinstance(value, bool):
+            return f"{name(s.name)} must be true or false, got {value!r}"
+        if s.allowed and value is not None and not s.allowed[0](value):
+            return f"{name(s.name)} must be {s.allowed[1]}, got {value}"
+    heads, kv_heads = name("num_attention_heads"), name("num_key_value_heads")
+    if c.hidden_size % c.num_attention_heads:
+        return (f"{name('hidden_size')} ({c.hidden_size}) must be divisible by {heads} ({c.num_attention_heads}); "
+                f"allowed: a divisor of {name('hidden_size')}")
+    if (c.hidden_size // c.num_attention_heads) % 2:
+        return f"{name('hidden_size')} / {heads} must be even for rotary embeddings, got {c.hidden_size // c.num_attention_heads}"
+    if c.num_attention_heads % c.num_key_value_heads:
+        return (f"{heads} ({c.num_attention_heads}) must be divisible by {kv_heads} ({c.num_key_value_heads}); "
+                f"allowed: a divisor of {heads}")
+    if c.norm_scaling != "none" and c.norm_position not in ("pre", "mix"):
+        return (f"{name('norm_scaling')}={c.norm_scaling!r} scales the input norms of Pre-Norm blocks; allowed "
+                f"with {name('norm_position')} 'pre' or 'mix', got {c.norm_position!r}")
+    for field in ("qk_norm", "v_norm"):
+        if c.norm_position in QKV_PLACEMENTS and getattr(c, field) != "head":
+            return (f"{name('norm_position')}={c.norm_position!r} (HybridNorm) normalizes q, k and v per head in place "
+                    f"of the attention input norm, so it implies {name(field)}='head'; got "
+                    f"{name(field)}={getattr(c, field)!r}: leave {name(field)} unset or set it to 'head'")
+    for field, adds_norms in (("qk_norm", c.qk_norm != "none"), ("v_norm", c.v_norm != "none"),
+                              ("sub_norm", c.sub_norm), ("embed_norm", c.embed_norm == "norm")):
+        if adds_norms and c.norm_type == "none":
+            return (f"{name(field)}={getattr(c, field)!r} adds norms; allowed with any {name('norm_type')} but "
+                    f"'none' (or leave {name(field)} at its default)")
+    if c.norm_gain != "w" and not NORM_TYPES[c.norm_type].gain:
+        return (f"{name('norm_gain')}={c.norm_gain!r} reparametrizes a norm's gain, and {name('norm_type')}="
+                f"{c.norm_type!r} has none; allowed with {[n for n, t in NORM_TYPES.items() if t.gain]}")
+    return None
+
+
+class MiniMindConfig(PretrainedConfig):
+    """Defaults are MiniMind2-small: 512 hidden, 8 layers, 8 query / 2 KV heads, vocab 6400 (~25.8M params).
+    The architecture is SWITCHES; the rest are the usual Hugging Face fields."""
+
+    model_type = "minimind"
+
+    def __init__(self, vocab_size: int = 6400, max_position_embeddings: int = 32768, rope_theta: float = 1e6,
+                 initializer_range: float = 0.02, tie_word_embeddings: bool = True, bos_token_id: int = 1,
+                 eos_token_id: int = 0, pad_token_id: int = 0, **kwargs):
+        given = {s.name: kwargs.pop(s.name) for s in SWITCHES if s.name in kwargs}
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive integer, got {vocab_size}")
+        if problem := config_problem(given):
+            raise ValueError(problem)
+        for field, value in vars(with_implied(given)).items():
+            setattr(self, field, value)
+        self.vocab_size = vocab_size
+        self.max_position_embeddings = max_position_embeddings
+        self.rope_theta = rope_theta
+        self.initializer_range = initializer_range
+        super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
+                         eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kwargs)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One block, for every placement: its LayerPlan says which norm slots hold a norm and how to scale.
+
+
+class MiniMindBlock(nn.Module):
+    def __init__(self, config: MiniMindConfig, layer_idx: int, plan: LayerPlan):
         super().__init__()
-        self.head_dim = config.head_dim
-        self.theta = config.rope_theta
-        # Not saved with the weights: it is a pure function of the config (recomputed in _init_weights).
-        self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
+        self.plan = plan
+        self.self_attn = Attention(config, layer_idx, plan.init_scale)
+        self.mlp = FeedForward(config, plan.init_scale)
+        for site, slots in (("attn", plan.attn), ("mlp", plan.mlp)):
+            for name in slots.names():
+                self.add_module(name, make_norm(config, site))
+        if plan.residual_scale:  # ReZero: one scalar per sublayer, 0 at init (set in _init_weights)
+            self.attn_residual_scale = nn.Parameter(torch.zeros(1))
+            self.mlp_residual_scale = nn.Parameter(torch.zeros(1))
 
-    def compute_inv_freq(self) -> torch.Tensor:
-        return 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
+    def forward(self, x, rope, mask, past_key_values=None) -> torch.Tensor:
+        x = self.residual(x, self.plan.attn, lambda h: self.self_attn(h, rope, mask, past_key_values), "attn")
+        return self.residual(x, self.plan.mlp, self.mlp, "mlp")
 
-    @torch.no_grad()
-    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids[..., None].float() * self.inv_freq  # [batch, seq, head_dim/2], in fp32
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [batch, heads, seq, head_dim]; cos/sin: [batch, seq, head_dim] -> broadcast over heads
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+    def residual(self, x: torch.Tensor, slots: Slots, sublayer, site: str) -> torch.Tensor:
+        """One residual sublayer with whatever norms the plan puts around it. Pre-Norm: x + F(N(x)), whose
+        residual path is an untouched sum from the embeddings to the last layer; Post-Norm: N(x + F(x)), which
+        renormalizes every sum, so that path passes through 2L norms; ReZero: x + a * F(x), site's scalar a."""
+        h = x
+        if slots.before:
+            h = getattr(self, slots.before)(h)
+            if self.plan.input_scale != 1.0:
+                h = h * self.plan.input_scale
+        h = sublayer(h)
+        if slots.after:
+            h = getattr(self, slots.after)(h)
+        if self.plan.residual_scale:
+            h = getattr(self, f"{site}_residual_scale") * h
+        x = x + h if self.plan.skip_scale == 1.0 else self.plan.skip_scale * x + h
+        return getattr(self, slots.around)(x) if slots.around else x
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Attention: causal, grouped-query (several query heads share one K/V head), with a KV cache for generation.
 
 
-def attention_mask_for(
-    attention_mask: torch.Tensor | None, q_len: int, past_len: int, device: torch.device
-) -> torch.Tensor | None:
+def attention_mask_for(attention_mask: torch.Tensor | None, q_len: int, past_len: int,
+                       device: torch.device) -> torch.Tensor | None:
     """Boolean [batch, 1, q, kv] mask, or None when SDPA's own causal fast path is exact.
 
     The fast path (is_causal) aligns the triangle to the top-left, which is only right with no cache or a single
@@ -617,9 +407,8 @@ class Attention(nn.Module):
         if self.sinks is not None:  # the sink's key and value join only here, never the cache
             mask = self.sink_bias(mask, seq, k.shape[2], q.dtype)
             k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None and seq > 1, enable_gqa=self.n_kv_heads != self.n_heads
-        ).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and seq > 1,
+                                           enable_gqa=self.n_kv_heads != self.n_heads).transpose(1, 2)
         if gate is not None:
             y = y * torch.sigmoid(gate)
         y = y.reshape(bsz, seq, -1)
@@ -649,42 +438,35 @@ class FeedForward(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# One block, for every placement: its LayerPlan says which norm slots hold a norm and how to scale.
+# Rotary position embeddings (RoPE, Su et al. 2021), in Llama's rotate-half layout so weights stay portable.
 
 
-class MiniMindBlock(nn.Module):
-    def __init__(self, config: MiniMindConfig, layer_idx: int, plan: LayerPlan):
+class RotaryEmbedding(nn.Module):
+    def __init__(self, config: MiniMindConfig):
         super().__init__()
-        self.plan = plan
-        self.self_attn = Attention(config, layer_idx, plan.init_scale)
-        self.mlp = FeedForward(config, plan.init_scale)
-        for site, slots in (("attn", plan.attn), ("mlp", plan.mlp)):
-            for name in slots.names():
-                self.add_module(name, make_norm(config, site))
-        if plan.residual_scale:  # ReZero: one scalar per sublayer, 0 at init (set in _init_weights)
-            self.attn_residual_scale = nn.Parameter(torch.zeros(1))
-            self.mlp_residual_scale = nn.Parameter(torch.zeros(1))
+        self.head_dim = config.head_dim
+        self.theta = config.rope_theta
+        # Not saved with the weights: it is a pure function of the config (recomputed in _init_weights).
+        self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
 
-    def forward(self, x, rope, mask, past_key_values=None) -> torch.Tensor:
-        x = self.residual(x, self.plan.attn, lambda h: self.self_attn(h, rope, mask, past_key_values), "attn")
-        return self.residual(x, self.plan.mlp, self.mlp, "mlp")
+    def compute_inv_freq(self) -> torch.Tensor:
+        return 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
 
-    def residual(self, x: torch.Tensor, slots: Slots, sublayer, site: str) -> torch.Tensor:
-        """One residual sublayer with whatever norms the plan puts around it. Pre-Norm: x + F(N(x)), whose
-        residual path is an untouched sum from the embeddings to the last layer; Post-Norm: N(x + F(x)), which
-        renormalizes every sum, so that path passes through 2L norms; ReZero: x + a * F(x), site's scalar a."""
-        h = x
-        if slots.before:
-            h = getattr(self, slots.before)(h)
-            if self.plan.input_scale != 1.0:
-                h = h * self.plan.input_scale
-        h = sublayer(h)
-        if slots.after:
-            h = getattr(self, slots.after)(h)
-        if self.plan.residual_scale:
-            h = getattr(self, f"{site}_residual_scale") * h
-        x = x + h if self.plan.skip_scale == 1.0 else self.plan.skip_scale * x + h
-        return getattr(self, slots.around)(x) if slots.around else x
+    @torch.no_grad()
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq  # [batch, seq, head_dim/2], in fp32
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [batch, heads, seq, head_dim]; cos/sin: [batch, seq, head_dim] -> broadcast over heads
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -727,18 +509,10 @@ class MiniMindModel(MiniMindPreTrainedModel):
         self.rotary_emb = RotaryEmbedding(config)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        output_hidden_states: bool | None = None,
-        cache: Cache | None = None,
-        **kwargs,
-    ) -> BaseModelOutputWithPast:
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
+                inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
+                output_hidden_states: bool | None = None, cache: Cache | None = None, **kwargs) -> BaseModelOutputWithPast:
         if cache is not None:  # the name generate() uses from transformers 5.24 on
             past_key_values = cache
         if inputs_embeds is not None:
@@ -770,11 +544,8 @@ class MiniMindModel(MiniMindPreTrainedModel):
         x = self.norm(x)
         if output_hidden_states:
             hidden_states.append(x)
-        return BaseModelOutputWithPast(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            **{CACHE_FIELD: past_key_values if use_cache else None},
-        )
+        return BaseModelOutputWithPast(last_hidden_state=x, hidden_states=tuple(hidden_states) if output_hidden_states
+                                       else None, **{CACHE_FIELD: past_key_values if use_cache else None})
 
 
 class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
@@ -786,32 +557,17 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        shift_labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_hidden_states: bool | None = None,
-        logits_to_keep: int = 0,
-        cache: Cache | None = None,
-        **kwargs,
-    ) -> CausalLMOutputWithPast:
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
+                shift_labels: torch.LongTensor | None = None, use_cache: bool | None = None,
+                output_hidden_states: bool | None = None, logits_to_keep: int = 0, cache: Cache | None = None,
+                **kwargs) -> CausalLMOutputWithPast:
         """labels: Hugging Face style, aligned with input_ids and shifted here (-100 = ignore).
         shift_labels: targets already aligned with the logits (what the trainer's batches hold)."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache if cache is not None else past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_hidden_states=output_hidden_states,
-        )
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache if cache is not None else past_key_values, inputs_embeds=inputs_embeds,
+                         use_cache=use_cache, output_hidden_states=output_hidden_states)
         hidden = out.last_hidden_state if logits_to_keep == 0 else out.last_hidden_state[:, -logits_to_keep:]
         logits = self.lm_head(hidden)
         cap = self.config.logit_softcap

@@ -1,8 +1,7 @@
-"""The norm types besides RMSNorm (which lives in model_minimind.py, as the default): SSNorm, LayerNorm, DyT, Derf,
-SeeDNorm and BatchNorm.
+"""Every norm type, and NORM_TYPES: the one registry that builds, initializes and counts them (by name: --norm).
 
-LayerNorm is torch's nn.LayerNorm with that option added. Every class here takes the hidden (last) dimension of a [..., dim] tensor, so
-any of them fits any norm slot of the model; model_minimind.NORM_TYPES chooses among them by name.
+RMSNorm is the default. Every class here takes the hidden (last) dimension of a [..., dim] tensor, so any of them
+fits any norm slot of the model. LayerNorm is torch's nn.LayerNorm with the (1 + w) gain added.
 
 Each takes one_plus_w (the config's norm_gain="one_plus_w"): the gain is stored as w, starting at 0, and applied
 as 1 + w (Gemma 2/3, Qwen3-Next, TransformerEngine's zero_centered_gamma). It is the same function at init, but
@@ -11,16 +10,50 @@ the input's dtype last; on float32 input it runs the very ops of the plain path,
 gain of 1 bit for bit, forward and backward.
 """
 
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import initialization as init
 
 from model.rmsnorm_kernels import rms_norm
+
+if TYPE_CHECKING:
+    from model.model_minimind import MiniMindConfig
 
 
 def gain_of(norm: nn.Module) -> torch.Tensor:
     """The gain a norm multiplies by: its weight, or 1 + weight in float32 for one_plus_w."""
     return 1 + norm.weight.float() if norm.one_plus_w else norm.weight
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight  (Zhang & Sennrich 2019). No mean subtraction, no bias.
+
+    The statistics are computed in float32 and the result cast back, because mean(x^2) over 512 bf16 values
+    loses most of its precision; the weight multiplies the cast-back value, as in Llama, so under autocast
+    (bf16 x, float32 weight) the output is float32. elementwise_affine=False gives the parameter-free variant.
+    The arithmetic lives in model/rmsnorm_kernels.py: the eager formula
+        xf = x.float(); (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    or, with the same output bit for bit, a faster way to run it, chosen by device and dtype from measurement.
+    one_plus_w=True stores the gain as w (starting at 0) and applies 1 + w in Gemma 2/3's order: all in float32,
+    cast to x's dtype last (model/norms.py, gain_of).
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True, one_plus_w: bool = False):
+        super().__init__()
+        self.eps = eps
+        self.one_plus_w = one_plus_w
+        self.weight = nn.Parameter(torch.full((dim,), 0.0 if one_plus_w else 1.0)) if elementwise_affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.one_plus_w and self.weight is not None:  # the same kernel on float32 x, so in fp32 it is exact
+            return rms_norm(x.float(), gain_of(self), self.eps).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class SSNorm(nn.Module):
@@ -161,3 +194,104 @@ class BatchNorm(nn.BatchNorm1d):
         y = F.batch_norm(flat.float(), self.running_mean, self.running_var, gain_of(self), self.bias.float(),
                          self.training, self.momentum, self.eps)
         return y.to(x.dtype).view(x.shape)
+
+
+@dataclass(frozen=True)
+class NormType:
+    """One entry of the norm registry: how to build a norm of this type for a slot, and how to initialize it."""
+
+    cls: type[nn.Module] | None  # what count_norms counts; None = no norm at all
+    build: Callable[[int, "MiniMindConfig", str], nn.Module] | None = None  # (dim, config, site) -> a module
+    init: Callable[[nn.Module], None] | None = None  # the fresh-model state (also for buffers)
+    hf_rmsnorm: bool = False  # computes what HF's RMSNorm (Llama, Qwen3, OLMo 2) computes, gains included
+    gain: bool = True  # has a learnable gain (which norm_gain='one_plus_w' stores as w, applied as 1 + w)
+    help: str = ""
+
+
+def _init_affine(m: nn.Module) -> None:
+    if m.weight is not None:  # a gain of 1 either way: stored as 1, or as w = 0 applied as 1 + w
+        init.constant_(m.weight, 0.0 if m.one_plus_w else 1.0)
+    if getattr(m, "bias", None) is not None:
+        init.zeros_(m.bias)
+
+
+def _init_batchnorm(m: BatchNorm) -> None:
+    _init_affine(m)
+    init.zeros_(m.running_mean)
+    init.ones_(m.running_var)
+    init.zeros_(m.num_batches_tracked)
+
+
+def _init_dyt(m: DyT) -> None:
+    _init_affine(m)
+    init.constant_(m.alpha, m.alpha_init)
+
+
+def _init_derf(m: Derf) -> None:
+    _init_affine(m)
+    init.constant_(m.alpha, m.alpha_init)
+    init.zeros_(m.shift)
+
+
+def _init_seednorm(m: SeeDNorm) -> None:
+    _init_affine(m)
+    init.ones_(m.alpha)
+    init.zeros_(m.beta)
+
+
+def dyt_alpha(cfg: "MiniMindConfig", site: str) -> float:
+    """DyT's starting alpha for a norm at site 'attn', 'mlp', 'final' or 'qk' (per-position where set)."""
+    per_site = getattr(cfg, f"dyt_alpha_init_{site}", None)
+    return cfg.dyt_alpha_init if per_site is None else per_site
+
+
+def one_plus_w(cfg: "MiniMindConfig") -> bool:
+    return cfg.norm_gain == "one_plus_w"
+
+
+NORM_TYPES = {
+    "rmsnorm": NormType(
+        RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, one_plus_w=one_plus_w(cfg)), _init_affine,
+        hf_rmsnorm=True, help="x / rms(x) * gain (Llama)"),
+    "rmsnorm_noparam": NormType(
+        RMSNorm, lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, elementwise_affine=False), _init_affine,
+        hf_rmsnorm=True, gain=False, help="RMSNorm without gains"),
+    "ssnorm": NormType(
+        SSNorm, lambda dim, cfg, site: SSNorm(cfg.rms_norm_eps, one_plus_w(cfg)), _init_affine,
+        help="x / rms(x) * one scalar gain (single-scale RMSNorm, OSP 2025)"),
+    "layernorm": NormType(
+        LayerNorm, lambda dim, cfg, site: LayerNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)), _init_affine,
+        help="(x - mean) / std * gain + bias (GPT-2)"),
+    "dyt": NormType(
+        DyT, lambda dim, cfg, site: DyT(dim, dyt_alpha(cfg, site), one_plus_w(cfg)), _init_dyt,
+        help="gain * tanh(alpha * x) + bias, no statistics (DyT, 2025)"),
+    "derf": NormType(
+        Derf, lambda dim, cfg, site: Derf(dim, dyt_alpha(cfg, site), one_plus_w(cfg)), _init_derf,
+        help="gain * erf(alpha * x + shift) + bias, no statistics (Derf, 2025)"),
+    "seednorm": NormType(
+        SeeDNorm, lambda dim, cfg, site: SeeDNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)), _init_seednorm,
+        help="[tanh(x . beta) * alpha + gain] * x / rms(x), a per-token gain (SeeDNorm, 2025)"),
+    "batchnorm": NormType(
+        BatchNorm, lambda dim, cfg, site: BatchNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)), _init_batchnorm,
+        help="statistics over the batch: a demonstration that it leaks future tokens"),
+    "none": NormType(None, gain=False, help="no normalization at all"),
+}
+NORM_MODULES = tuple(dict.fromkeys(t.cls for t in NORM_TYPES.values() if t.cls is not None))
+
+
+def init_norm(module: nn.Module) -> None:
+    """Give a norm module its fresh state (anything else is left alone)."""
+    kind = next((t for t in NORM_TYPES.values() if t.cls is not None and type(module) is t.cls), None)
+    if kind is not None:
+        kind.init(module)
+
+
+def make_norm(config: "MiniMindConfig", site: str, dim: int | None = None) -> nn.Module:
+    """A norm of config.norm_type for one slot; an Identity for norm_type='none', so every slot stays callable."""
+    build = NORM_TYPES[config.norm_type].build
+    return nn.Identity() if build is None else build(dim or config.hidden_size, config, site)
+
+
+def count_norms(model: nn.Module) -> int:
+    """Number of normalization modules (Identity placeholders of norm_type='none' do not count)."""
+    return sum(isinstance(m, NORM_MODULES) for m in model.modules())

@@ -7,17 +7,8 @@ from pathlib import Path
 import torch
 
 from common.cli import ArgumentParser, UserError, require_positive, require_writable_dir
-from model import (
-    ATTN_GATES,
-    EMBED_NORMS,
-    NORM_GAINS,
-    NORM_POSITIONS,
-    NORM_SCALINGS,
-    NORM_TYPES,
-    QK_NORMS,
-    V_NORMS,
-)
-from model.model_minimind import QKV_PLACEMENTS
+from model import PRESETS, SWITCHES, variant_fields
+from model.model_minimind import with_implied
 from trainer.device import pick_device
 from trainer.optim import OPTIMIZERS
 from trainer.run_dir import find_checkpoints, no_checkpoint, previous_run
@@ -67,71 +58,25 @@ def build_parser() -> argparse.ArgumentParser:
                       help="stream the corpus while tokenizing it (for corpora larger than memory)")
     data.add_argument("--max_seq_len", type=int, default=256, help="tokens per training sequence")
 
-    model = p.add_argument_group("model")
-    model.add_argument("--hidden_size", type=int, default=None, help=f"model width ({on_device('hidden_size')})")
-    model.add_argument("--num_hidden_layers", type=int, default=8, help="number of transformer blocks")
-    model.add_argument("--num_attention_heads", type=int, default=8, help="query heads")
-    model.add_argument("--num_key_value_heads", type=int, default=2, help="key/value heads (grouped-query attention)")
-    model.add_argument("--norm", default="rmsnorm", choices=sorted(NORM_TYPES),
-                       help="normalization layer, used in every norm slot of the placement. batchnorm is a "
-                            "demonstration, not a candidate: its statistics pool every position of the batch, so "
-                            "in training each token is normalized with statistics of later tokens (it leaks the "
-                            "future a causal LM must not see) and of the other sequences in the batch")
-    model.add_argument("--norm_position", default="pre", choices=NORM_POSITIONS,
-                       help="where the norms sit in each block. pre: x + F(N(x)), final norm (Llama); post: "
-                            "N(x + F(x)) (2017 Transformer); peri: x + N(F(N(x))), final norm (Peri-LN, Gemma 2 "
-                            "sandwich); reorder: x + N(F(x)), final norm (OLMo 2); deepnorm: N(a*x + F(x)) with "
-                            "a = (2L)^(1/4) and init scaled by (8L)^(-1/4) (DeepNet); mix: the first "
-                            "--mix_ln_fraction of the blocks post, the rest pre, final norm (Mix-LN); hybrid: "
-                            "N(x + Attn(x)) with q, k, v normalized per head, then h + FFN(h) with no norm, final "
-                            "norm (HybridNorm; implies --qk_norm head --v_norm head); hybrid_star: block 0 pre, the "
-                            "rest hybrid (HybridNorm*)")
-    model.add_argument("--mix_ln_fraction", type=float, default=0.25,
-                       help="with --norm_position mix: share of the blocks, counted from the input, that are "
-                            "Post-Norm (floor(fraction * layers) of them)")
-    model.add_argument("--norm_scaling", default="none", choices=NORM_SCALINGS,
-                       help="depth: multiply the input norms of block l (l = 1..L) by 1/sqrt(l) (LayerNorm "
-                            "Scaling, 'The Curse of Depth'); only with --norm_position pre or mix")
-    model.add_argument("--qk_norm", default=None, choices=QK_NORMS,
-                       help="normalize queries and keys before RoPE with --norm's statistics. head: over each "
-                            "head's dimensions (Qwen3, Gemma 3); proj: over the whole q and k projections, "
-                            "across heads (OLMo 2) (default: head with --norm_position hybrid or hybrid_star, "
-                            "else none)")
-    model.add_argument("--v_norm", default=None, choices=V_NORMS,
-                       help="head: normalize each head's values before attention with --norm's statistics "
-                            "(self_attn.v_norm; with --qk_norm head this is Gemma 3n/4's QKV-norm) (default: "
-                            "head with --norm_position hybrid or hybrid_star, else none)")
-    model.add_argument("--attn_gate", default="none", choices=ATTN_GATES,
-                       help="scale each head's attention output by sigmoid(gate), the gate computed by q_proj from "
-                            "the attention's input (Gated Attention, Qiu et al. 2025). elementwise: one gate per "
-                            "output dimension, q_proj twice as wide (Qwen3-Next); headwise: one gate per head, "
-                            "q_proj wider by the number of heads")
-    model.add_argument("--attn_sinks", action="store_true",
-                       help="give each head a learnable sink logit (self_attn.sinks, init 0) that joins its "
-                            "softmax, so a head can attend to nothing (GPT-OSS, DeepSeek-V4)")
-    model.add_argument("--sub_norm", action="store_true",
-                       help="add norms inside the sublayers: on the concatenated heads before o_proj "
-                            "(self_attn.attn_sub_norm) and on the SwiGLU product before down_proj (mlp.ffn_sub_norm), "
-                            "as BitNet's Sub-LN")
-    model.add_argument("--embed_norm", default="none", choices=EMBED_NORMS,
-                       help="what the blocks get from the embedding lookup. scale: times sqrt(hidden_size) (Gemma); "
-                            "norm: a --norm norm right after the lookup (model.word_embeddings_layernorm, BLOOM)")
-    model.add_argument("--norm_gain", default="w", choices=NORM_GAINS,
-                       help="how every norm gain is stored. w: as is, initialized to 1; one_plus_w: as w, initialized "
-                            "to 0 and applied as 1 + w in float32 (Gemma 2/3), so --norm_weight_decay pulls the gain "
-                            "toward 1 instead of 0")
-    model.add_argument("--dyt_alpha_init", type=float, default=0.5,
-                       help="with --norm dyt or derf: initial alpha of tanh(alpha * x) or erf(alpha * x + shift) in "
-                            "every norm not set below, QK-norms included (0.5 is the DyT paper's default for "
-                            "non-LLM models, and the Derf paper's)")
-    for slot, where in (("attn", "the attention sublayer's norms (before it, in pre)"),
-                        ("mlp", "the MLP sublayer's norms (before it, in pre)"), ("final", "the final norm")):
-        model.add_argument(f"--dyt_alpha_init_{slot}", type=float, default=None,
-                           help=f"with --norm dyt or derf: initial alpha of {where} (default: --dyt_alpha_init). The "
-                                "paper's LLaMA 7B recipe is attn 0.8, mlp 0.2, final 0.2; none exists for this size")
-    model.add_argument("--logit_softcap", type=float, default=0.0,
-                       help="soft-cap the logits z at C: C * tanh(z / C), in float32, in training and generation "
-                            "(Gemma 2 uses 30, nanochat 15); 0 = off")
+    model = p.add_argument_group("model", "every architecture switch of the model config, named after its field "
+                                 "(docs/model.md has the table); --preset, then --variant, then the flags given decide")
+    model.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                       help="a model size: minimind2-small (512 wide, 8 layers, 8/2 heads), minimind3 (768 wide, "
+                            "8 layers, 8/4 heads, per-head QK-norm, eps 1e-6, FFN 2432)")
+    model.add_argument("--variant", default=None, metavar="NAME",
+                       help="a normalization setup by name, as the ablation runner takes it: <placement>-<norm>, "
+                            "e.g. pre-rmsnorm, post-layernorm, hybrid-rmsnorm, pre+qk_head-rmsnorm, "
+                            "peri+qkv-rmsnorm, mix0.5+depth-rmsnorm, pre+softcap15-rmsnorm, rezero, nanochat "
+                            "(the parts: docs/model.md)")
+    for switch in SWITCHES:
+        names = [f"--{switch.name}"] + ([f"--{switch.flag}"] if switch.flag else [])  # --norm_type, alias --norm
+        default = None if switch.name in DEVICE_DEFAULTS["cpu"] else switch.default
+        extra = f" ({on_device(switch.name)})" if default is None and switch.name in DEVICE_DEFAULTS["cpu"] else ""
+        if switch.type is bool:
+            model.add_argument(*names, action="store_true", dest=switch.flag_name, help=switch.help + extra)
+        else:
+            model.add_argument(*names, type=switch.type, default=default, choices=switch.choices or None,
+                               dest=switch.flag_name, help=switch.help + extra)
 
     opt = p.add_argument_group("optimization")
     opt.add_argument("--max_steps", type=int, default=None, help=f"optimizer steps ({on_device('max_steps')})")
@@ -216,13 +161,10 @@ FIXED = "fixed"  # changes what the run computes and cannot change mid-run: must
 DATA = "data"  # names the data; --resume compares the data's fingerprint (these flags only for older checkpoints)
 ADJUSTABLE = "adjustable"  # changes what the run computes or records, but may change on --resume (a longer run)
 BOOKKEEPING = "bookkeeping"  # where and how a run is kept and watched: never changes what it computes
+SHORTHAND = "shorthand"  # sets architecture flags by name; those flags, as set, are what the checks compare
 FLAG_ROLES = {
     "data_path": DATA, "text_field": DATA, "tokenizer_path": DATA, "streaming": ADJUSTABLE, "max_seq_len": FIXED,
-    "hidden_size": ARCH, "num_hidden_layers": ARCH, "num_attention_heads": ARCH, "num_key_value_heads": ARCH,
-    "norm": ARCH, "norm_position": ARCH, "mix_ln_fraction": ARCH, "norm_scaling": ARCH, "qk_norm": ARCH,
-    "v_norm": ARCH, "attn_gate": ARCH, "attn_sinks": ARCH, "sub_norm": ARCH, "embed_norm": ARCH, "norm_gain": ARCH,
-    "dyt_alpha_init": ARCH, "dyt_alpha_init_attn": ARCH, "dyt_alpha_init_mlp": ARCH, "dyt_alpha_init_final": ARCH,
-    "logit_softcap": ARCH, "optimizer": FIXED,
+    **{switch.flag_name: ARCH for switch in SWITCHES}, "preset": SHORTHAND, "variant": SHORTHAND, "optimizer": FIXED,
     "max_steps": ADJUSTABLE, "batch_size": FIXED, "accumulation_steps": FIXED, "learning_rate": ADJUSTABLE,
     "min_lr": ADJUSTABLE, "lr_decay_steps": ADJUSTABLE, "warmup_steps": ADJUSTABLE, "weight_decay": FIXED,
     "norm_weight_decay": FIXED, "grad_clip": ADJUSTABLE,
@@ -234,17 +176,13 @@ FLAG_ROLES = {
     "use_wandb": BOOKKEEPING, "wandb_project": BOOKKEEPING, "wandb_run_name": BOOKKEEPING, "wandb_group": BOOKKEEPING,
     "wandb_job": BOOKKEEPING,
 }
-# An architecture flag sets the model-config field of its name, except these.
-CONFIG_FIELD = {"norm": "norm_type"}
-
-
 def flags_with(role: str) -> tuple[str, ...]:
     return tuple(flag for flag, r in FLAG_ROLES.items() if r == role)
 
 
 def config_fields() -> dict[str, str]:
     """Each architecture flag and the model-config field it sets."""
-    return {flag: CONFIG_FIELD.get(flag, flag) for flag in flags_with(ARCH)}
+    return {switch.flag_name: switch.name for switch in SWITCHES}
 
 
 POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "num_hidden_layers",
@@ -268,9 +206,11 @@ def fill_device_defaults(args: argparse.Namespace) -> argparse.Namespace:
             setattr(args, name, value)
     if args.diag_interval is None:
         args.diag_interval = args.log_interval
-    for name in ("qk_norm", "v_norm"):  # the placement's own (HybridNorm normalizes q, k and v), as in the config
-        if getattr(args, name) is None:
-            setattr(args, name, "head" if args.norm_position in QKV_PLACEMENTS else "none")
+    # switches the config derives from others (HybridNorm's QKV-norm from its placement), as the config derives them
+    implied = with_implied({switch.name: getattr(args, switch.flag_name) for switch in SWITCHES})
+    for switch in SWITCHES:
+        if getattr(args, switch.flag_name) is None:
+            setattr(args, switch.flag_name, getattr(implied, switch.name))
     if args.min_lr is None:  # a decay that ends above the peak would raise the rate
         args.min_lr = min(MIN_LR, args.learning_rate)
     return args
@@ -308,5 +248,26 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def given_flags(argv: list[str] | None) -> set[str]:
+    """The flags the command line sets itself, which win over a --preset's or --variant's value."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def apply_preset_and_variant(args: argparse.Namespace, given: set[str]) -> argparse.Namespace:
+    fields = dict(PRESETS[args.preset]) if args.preset else {}
+    if args.variant:
+        try:
+            fields |= variant_fields(args.variant)
+        except ValueError as err:
+            raise UserError(f"--{err}; e.g. pre-rmsnorm, hybrid-rmsnorm, pre+qk_head-rmsnorm, nanochat") from None
+    for switch in SWITCHES:
+        if switch.name in fields and switch.flag_name not in given:
+            setattr(args, switch.flag_name, fields[switch.name])
+    return args
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    return validate(build_parser().parse_args(argv))
+    return validate(apply_preset_and_variant(build_parser().parse_args(argv), given_flags(argv)))

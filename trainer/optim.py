@@ -6,7 +6,8 @@ import math
 import torch
 from torch import nn
 
-from model.model_minimind import NORM_MODULES, MiniMindBlock
+from model.model_minimind import MiniMindBlock
+from model.norms import NORM_MODULES
 
 OPTIMIZERS = ("adamw", "muon")
 

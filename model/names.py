@@ -1,0 +1,113 @@
+"""Names for whole setups, derived from the config's SWITCHES: variant names and presets.
+
+A variant name is "<placement>-<norm type>": the norm position, then "+token" for each switch away from its
+default, in SWITCHES order (e.g. pre-rmsnorm, pre+qk_head-rmsnorm, peri+qkv-rmsnorm, mix0.5+depth-layernorm,
+pre+softcap15-rmsnorm); a setup with no norm anywhere leaves the norm type out (rezero), and a few recipes are
+known by their own name (nanochat). norm_variant() writes a config's name and variant_fields() reads one back,
+so every name the trainer's --variant, the ablation runner and the reports use means the same fields.
+A preset names a model size (--preset): the fields it sets, which any flag given beside it overrides.
+"""
+
+import re
+
+from model.model_minimind import QKV_PLACEMENTS, SWITCH, SWITCHES, MiniMindConfig, with_implied
+from model.norms import NORM_TYPES
+
+# The fields a variant name speaks of: the norm type, the position, and every switch with a name token.
+VARIANT_SWITCHES = ("norm_type", "norm_position", *(s.name for s in SWITCHES if s.token))
+VARIANT_DEFAULTS = {name: getattr(with_implied({}), name) for name in VARIANT_SWITCHES}
+QKV = {"qk_norm": "head", "v_norm": "head"}  # "+qkv": per-head norms on q, k and v
+# Setups best known by the recipe that uses them. nanochat: parameter-free RMSNorm before each sublayer, per head
+# on q and k, after the embedding lookup and before lm_head, logits soft-capped at 15.
+RECIPES = {"nanochat": "pre+qk_head+embed_norm+softcap15-rmsnorm_noparam"}
+PRESETS = {
+    # MiniMind2-small: the default config, and the CUDA run's model
+    "minimind2-small": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
+                        "num_key_value_heads": 2},
+    # MiniMind-3 as its repository ships it (2026): per-head QK-norm, eps 1e-6, FFN ceil(pi * 768 / 64) * 64
+    "minimind3": {"hidden_size": 768, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
+                  "qk_norm": "head", "rms_norm_eps": 1e-6, "intermediate_size": 2432},
+}
+
+
+def builds_norms(config) -> bool:
+    """Whether any slot holds a norm of norm_type: every placement's blocks or final norm do, except ReZero's,
+    which has norms only where a switch (QK-, V-, sub- or embedding norm) adds them."""
+    return (config.norm_position != "rezero" or config.qk_norm != "none" or config.v_norm != "none"
+            or config.sub_norm or config.embed_norm == "norm")
+
+
+def name_token(switch, value) -> str:
+    return f"{switch.token}{value:g}" if isinstance(switch.token, str) else switch.token[value]
+
+
+def norm_variant(config) -> str:
+    """A config's variant name, e.g. 'pre-rmsnorm', 'pre+depth+qk_head-rmsnorm', 'rezero', 'nanochat'."""
+    parts = [config.norm_position]
+    if config.norm_position == "mix" and config.mix_ln_fraction != SWITCH["mix_ln_fraction"].default:
+        parts[0] += f"{config.mix_ln_fraction:g}"
+    implied = QKV if config.norm_position in QKV_PLACEMENTS else {}
+    qkv = not implied and all(getattr(config, f) == v for f, v in QKV.items())
+    for switch in SWITCHES:
+        value = getattr(config, switch.name)
+        if not switch.token or value == implied.get(switch.name, switch.default) or value == "none":
+            continue
+        if qkv and switch.name in QKV:
+            if switch.name == "qk_norm":
+                parts.append("qkv")
+            continue
+        parts.append(name_token(switch, value))
+    name = "+".join(parts)
+    if builds_norms(config):
+        name += f"-{config.norm_type}"
+    return next((recipe for recipe, spelled in RECIPES.items() if spelled == name), name)
+
+
+def token_fields() -> dict[str, dict]:
+    """Each name token and the fields it sets."""
+    tokens = {"qkv": QKV}
+    for switch in SWITCHES:
+        if isinstance(switch.token, dict):
+            tokens |= {token: {switch.name: value} for value, token in switch.token.items()}
+    return tokens
+
+
+def variant_fields(name: str) -> dict:
+    """The config fields a variant name sets (every variant switch: the ones it does not name at their defaults);
+    ValueError naming the part that is not one."""
+    name = RECIPES.get(name, name)
+    placement, _, norm = name.rpartition("-") if "-" in name else (name, "", "none")
+    if norm not in NORM_TYPES:
+        raise ValueError(f"variant {name!r}: {norm!r} is not a norm type; allowed: {sorted(NORM_TYPES)}")
+    position, *tokens = placement.split("+")
+    fields = dict(VARIANT_DEFAULTS, norm_type=norm)
+    mix = re.fullmatch(r"mix([0-9.]+)", position)
+    if mix:
+        position, fields["mix_ln_fraction"] = "mix", float(mix[1])
+    if position not in SWITCH["norm_position"].choices:
+        raise ValueError(f"variant {name!r}: {position!r} is not a norm position; allowed: "
+                         f"{list(SWITCH['norm_position'].choices)}")
+    fields["norm_position"] = position
+    if position in QKV_PLACEMENTS:
+        fields |= QKV  # HybridNorm normalizes q, k and v: its name says so without a token
+    known = token_fields()
+    for token in tokens:
+        number = next((s for s in SWITCHES if isinstance(s.token, str) and re.fullmatch(
+            rf"{s.token}[0-9.e+-]+", token)), None)
+        if number:
+            fields[number.name] = number.type(token.removeprefix(number.token))
+        elif token in known:
+            fields |= known[token]
+        else:
+            raise ValueError(f"variant {name!r}: {token!r} is not a part of a variant name; allowed: "
+                             f"{sorted(known)} and softcap<C>")
+    return fields
+
+
+def variant_problem(name: str) -> str | None:
+    """Why the name makes no model config (not every placement pairs with every norm), or None when it does."""
+    try:
+        MiniMindConfig(**variant_fields(name))
+    except ValueError as err:
+        return str(err)
+    return None
