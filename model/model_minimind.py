@@ -232,11 +232,13 @@ def config_problem(values: dict, name: Callable[[str], str] = str) -> str | None
             return (f"{name('norm_position')}={c.norm_position!r} (HybridNorm) normalizes q, k and v per head in place "
                     f"of the attention input norm, so it implies {name(field)}='head'; got "
                     f"{name(field)}={getattr(c, field)!r}: leave {name(field)} unset or set it to 'head'")
-    for field, adds_norms in (("qk_norm", c.qk_norm != "none"), ("v_norm", c.v_norm != "none"),
-                              ("sub_norm", c.sub_norm), ("embed_norm", c.embed_norm == "norm")):
+    for field in ("qk_norm", "v_norm"):
+        if getattr(c, field) != "none" and c.norm_type == "none":
+            return (f"{name(field)}={getattr(c, field)!r} needs a norm to apply; allowed with any {name('norm_type')} "
+                    f"but 'none' (or set {name(field)}='none')")
+    for field, adds_norms in (("sub_norm", c.sub_norm), ("embed_norm", c.embed_norm == "norm")):
         if adds_norms and c.norm_type == "none":
-            return (f"{name(field)}={getattr(c, field)!r} adds norms; allowed with any {name('norm_type')} but "
-                    f"'none' (or leave {name(field)} at its default)")
+            return f"{name(field)}={getattr(c, field)!r} adds norms; allowed with any {name('norm_type')} but 'none'"
     if c.norm_gain != "w" and not NORM_TYPES[c.norm_type].gain:
         return (f"{name('norm_gain')}={c.norm_gain!r} reparametrizes a norm's gain, and {name('norm_type')}="
                 f"{c.norm_type!r} has none; allowed with {[n for n, t in NORM_TYPES.items() if t.gain]}")

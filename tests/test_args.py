@@ -59,7 +59,7 @@ def test_norm_is_an_alias_of_norm_type(tmp_path, tiny_tokenizer):
 @pytest.mark.parametrize("flags, message", [
     (["--norm_position", "post", "--norm_scaling", "depth"],
      "^--norm_scaling='depth' scales .* allowed with --norm_position 'pre' or 'mix', got 'post'$"),
-    (["--norm", "none", "--qk_norm", "head"], "^--qk_norm='head' adds norms; allowed with any --norm but 'none'"),
+    (["--norm", "none", "--qk_norm", "head"], "^--qk_norm='head' needs a norm to apply; allowed with any --norm but 'none'"),
     (["--dyt_alpha_init_mlp", "0"], "^--dyt_alpha_init_mlp must be > 0"),
     (["--dyt_alpha_init", "-0.5"], "^--dyt_alpha_init must be > 0"),
     (["--hidden_size", "36", "--num_attention_heads", "4"], r"^--hidden_size / --num_attention_heads must be even"),

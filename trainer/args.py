@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from common.cli import ArgumentParser, UserError, require_positive, require_writable_dir
-from model import PRESETS, SWITCHES, variant_fields
-from model.model_minimind import with_implied
+from model import PRESETS, SWITCH, SWITCHES, variant_fields
+from model.model_minimind import config_problem, with_implied
 from trainer.device import pick_device
 from trainer.optim import OPTIMIZERS
 from trainer.run_dir import find_checkpoints, no_checkpoint, previous_run
@@ -185,9 +185,8 @@ def config_fields() -> dict[str, str]:
     return {switch.flag_name: switch.name for switch in SWITCHES}
 
 
-POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "num_hidden_layers",
-            "num_attention_heads", "num_key_value_heads", "log_interval", "eval_interval", "eval_steps",
-            "save_interval", "keep_checkpoints", "diag_interval", "hidden_size", "lr_decay_steps", "num_proc")  # the last three may be unset
+POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "log_interval", "eval_interval",
+            "eval_steps", "save_interval", "keep_checkpoints", "diag_interval", "lr_decay_steps", "num_proc")  # the last two may be unset
 NON_NEGATIVE = ("min_lr", "warmup_steps", "weight_decay", "grad_clip")
 # Floats that must be > 0. Every float flag must be finite besides: NaN passes any "< 0" test, and inf passes
 # "> 0" only to turn every weight into NaN at the first update. (The model config checks the architecture's.)
@@ -196,6 +195,16 @@ POSITIVE_FLOATS = ("learning_rate", "dist_timeout")
 
 def float_flags(parser: argparse.ArgumentParser) -> list[str]:
     return [action.dest for action in parser._actions if action.type is float]
+
+
+def arch_fields(args: argparse.Namespace, device) -> dict:
+    """The model-config fields the flags set (the width from the device's defaults when unset); a UserError in
+    the flags' own words when they make no model."""
+    fields = {switch.name: getattr(args, switch.flag_name) for switch in SWITCHES}
+    fields["hidden_size"] = fields["hidden_size"] or device_defaults(device)["hidden_size"]
+    if problem := config_problem(fields, name=lambda field: f"--{SWITCH[field].flag_name}"):
+        raise UserError(problem)
+    return fields
 
 
 def fill_device_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -220,6 +229,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     """Reject bad values with one line naming the flag, before anything is loaded or written."""
     fill_device_defaults(args)
     require_positive(args, POSITIVE)
+    arch_fields(args, pick_device(args.device))
     for name in float_flags(build_parser()):
         if getattr(args, name) is not None and not math.isfinite(getattr(args, name)):
             raise UserError(f"--{name} must be a finite number, got {getattr(args, name)}")

@@ -11,7 +11,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shlex
 import signal
 import sys
@@ -51,8 +50,9 @@ from data import (
     prepare_split,
 )
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
-from model.model_minimind import NORM_MODULES
-from trainer.args import config_fields, device_defaults, parse_args
+from model.names import VARIANT_SWITCHES
+from model.norms import NORM_MODULES
+from trainer.args import arch_fields, parse_args
 from trainer.checkpoint import LINK, find_checkpoints, load_checkpoint, save_checkpoint, set_rng_state
 from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, resolve_dtype
 from trainer.diagnostics import (
@@ -74,20 +74,14 @@ from trainer.tracking import Tracker, read_metrics
 
 def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
     """The architecture the flags ask for; checked before any data is touched, so a bad flag fails at once."""
-    fields = {field: getattr(args, flag) for flag, field in config_fields().items()}
-    fields["hidden_size"] = fields["hidden_size"] or device_defaults(device)["hidden_size"]
-    try:
-        config = MiniMindConfig(
-            vocab_size=len(tokenizer),
-            **fields,
-            max_position_embeddings=args.max_seq_len,  # the context it is trained for; eval_llm.py respects it
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-        )
-    except ValueError as err:  # name the flags, not the config fields
-        flag_of = {field: flag for flag, field in config_fields().items()}
-        raise UserError(re.sub(rf"\b({'|'.join(flag_of)})\b", lambda m: f"--{flag_of[m[1]]}", str(err))) from err
+    config = MiniMindConfig(
+        **arch_fields(args, device),
+        vocab_size=len(tokenizer),
+        max_position_embeddings=args.max_seq_len,  # the context it is trained for; eval_llm.py respects it
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
     require_model_fits(config, device)  # before any weight is allocated (or a run directory claimed)
     return config
 
@@ -110,9 +104,6 @@ def require_window(data: PackedTokens, args) -> None:
                     f"tokens, fewer than --max_seq_len + 1 = {args.max_seq_len + 1}{fix}")
 
 
-# The config fields a variant name is made of: the norm type and the switches of a placement (study/variants.py).
-VARIANT_FIELDS = ("norm_type", "norm_position", "norm_scaling", "qk_norm", "v_norm", "attn_gate", "attn_sinks", "sub_norm",
-                  "embed_norm", "norm_gain", "logit_softcap")
 # Fewer bytes per token than this means the tokenizer barely covers the corpus (its BPE merges were learned on other
 # text): the shipped tokenizer gives Shakespeare 2.95, German 2.3, Python 1.9 and Chinese 1.0.
 FEW_BYTES_PER_TOKEN = 1.5
@@ -365,7 +356,7 @@ def open_tracking(job: Job, splits: Splits, state: TrainState, costs: Accounting
                   "device": str(device), "dtype": dtype_name, "data": splits.fingerprint}
     # Tags to filter a study by in wandb: the variant, each of its fields, the depth and what the run is to its study.
     tags = [f"variant={norm_variant(cfg)}", f"layers={cfg.num_hidden_layers}", f"job={args.wandb_job}",
-            *(f"{field}={getattr(cfg, field)}" for field in VARIANT_FIELDS)]
+            *(f"{field}={getattr(cfg, field)}" for field in VARIANT_SWITCHES)]
     tracker = Tracker(job.out_dir, args.use_wandb, run_config, args.wandb_project, run_name, args.wandb_group,
                       state.run_id, tags)
     if device.type == "cpu":
