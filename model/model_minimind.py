@@ -191,15 +191,11 @@ SWITCH = {s.name: s for s in SWITCHES}
 
 
 def with_implied(values: dict) -> SimpleNamespace:
-    """Every switch's value: the given ones, the rest their defaults, and the derived ones filled in."""
+    """Every switch's value: the given ones, the rest their defaults, and those the placement implies filled in."""
     c = SimpleNamespace(**{s.name: s.default for s in SWITCHES} | values)
     for name in ("qk_norm", "v_norm"):  # HybridNorm is defined with q, k and v normalized per head
         if getattr(c, name) is None:
             setattr(c, name, "head" if c.norm_position in QKV_PLACEMENTS else "none")
-    if c.intermediate_size is None and isinstance(c.hidden_size, int):
-        # SwiGLU has three matrices instead of two, so 8/3*hidden keeps the FFN's parameter count at 4*hidden's;
-        # rounding up to a multiple of 64 keeps matmuls aligned (512 -> 1408, as in MiniMind).
-        c.intermediate_size = 64 * math.ceil(c.hidden_size * 8 / 3 / 64)
     return c
 
 
@@ -261,6 +257,9 @@ class MiniMindConfig(PretrainedConfig):
             raise ValueError(problem)
         for field, value in vars(with_implied(given)).items():
             setattr(self, field, value)
+        # SwiGLU has three matrices instead of two, so 8/3*hidden keeps the FFN's parameter count at 4*hidden's;
+        # rounding up to a multiple of 64 keeps matmuls aligned (512 -> 1408, as in MiniMind).
+        self.intermediate_size = self.intermediate_size or 64 * math.ceil(self.hidden_size * 8 / 3 / 64)
         self.vocab_size = vocab_size
         self.max_position_embeddings = max_position_embeddings
         self.rope_theta = rope_theta

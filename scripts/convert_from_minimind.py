@@ -28,25 +28,27 @@ import torch
 from common.cli import ArgumentParser, UserError, run_cli
 from common.fs import staged_directory
 from data.tokenizer import load_tokenizer, save_tokenizer
-from model import MiniMindConfig, MiniMindForCausalLM, norm_variant
+from model import PRESETS, MiniMindConfig, MiniMindForCausalLM, norm_variant
+from model.model_minimind import with_implied
 
 
 @dataclass(frozen=True)
 class Version:
-    """What a MiniMind version's published MiniMindConfig sets and its tensor shapes do not reveal."""
+    """What a MiniMind version's published MiniMindConfig sets and its tensor shapes do not reveal: its preset's
+    (model/names.py) QK-norm, head count and RMSNorm eps, so an import and `--preset` agree on what it is."""
 
     name: str
-    qk_norm: str
-    num_attention_heads: int
-    rms_norm_eps: float
+    preset: str
     rope_theta: float = 1e6
     max_position_embeddings: int = 32768
 
+    @property
+    def switches(self):
+        """Every architecture switch of the version's preset (the rest at the config's defaults)."""
+        return with_implied(PRESETS[self.preset])
 
-VERSIONS = {
-    "2": Version("MiniMind2", qk_norm="none", num_attention_heads=8, rms_norm_eps=1e-5),
-    "3": Version("MiniMind-3", qk_norm="head", num_attention_heads=8, rms_norm_eps=1e-6),
-}
+
+VERSIONS = {"2": Version("MiniMind2", "minimind2-small"), "3": Version("MiniMind-3", "minimind3")}
 LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.")
 
 
@@ -89,14 +91,14 @@ def infer_config(weights: dict[str, torch.Tensor], version: Version, heads: int 
     vocab_size, hidden = shape("model.embed_tokens.weight")
     layers = 1 + max((int(m.group(1)) for k in weights if (m := LAYER_KEY.match(k))), default=-1)
     q_width, k_width = shape("model.layers.0.self_attn.q_proj.weight")[0], shape("model.layers.0.self_attn.k_proj.weight")[0]
-    if version.qk_norm == "head":  # MiniMind-3's q_norm spans one head, so the shapes give the head count
+    if version.switches.qk_norm == "head":  # MiniMind-3's q_norm spans one head, so the shapes give the head count
         head_dim = shape("model.layers.0.self_attn.q_norm.weight")[0]
         if heads is not None and heads * head_dim != q_width:
             raise UserError(f"--num_attention_heads {heads} does not fit the weights: q_norm says heads of "
                             f"{head_dim}, q_proj has {q_width} rows, so {q_width // head_dim} heads")
         heads = q_width // head_dim
     else:
-        heads = heads or version.num_attention_heads
+        heads = heads or version.switches.num_attention_heads
         head_dim = hidden // heads
     if q_width != hidden or hidden % heads:
         raise UserError(f"q_proj has {q_width} rows for hidden size {hidden} with {heads} heads; this repository's "
@@ -105,9 +107,9 @@ def infer_config(weights: dict[str, torch.Tensor], version: Version, heads: int 
         return MiniMindConfig(
             vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
             num_key_value_heads=k_width // head_dim, intermediate_size=shape("model.layers.0.mlp.gate_proj.weight")[0],
-            rms_norm_eps=eps or version.rms_norm_eps, rope_theta=theta or version.rope_theta,
+            rms_norm_eps=eps or version.switches.rms_norm_eps, rope_theta=theta or version.rope_theta,
             max_position_embeddings=positions or version.max_position_embeddings, norm_type="rmsnorm",
-            norm_position="pre", qk_norm=version.qk_norm, tie_word_embeddings=tied,
+            norm_position="pre", qk_norm=version.switches.qk_norm, tie_word_embeddings=tied,
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     except ValueError as err:
         raise UserError(f"these weights give an invalid config: {err}") from None

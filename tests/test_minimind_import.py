@@ -10,7 +10,7 @@ import torch
 from common.cli import UserError, run_cli
 from data import load_tokenizer
 from eval_llm import load
-from model import MiniMindConfig, MiniMindForCausalLM
+from model import PRESETS, MiniMindConfig, MiniMindForCausalLM
 from scripts import convert_from_minimind
 from scripts.convert_to_hf import convert as convert_to_hf
 
@@ -32,9 +32,10 @@ def minimind_keys(layers: int, version: str) -> set[str]:
 def minimind_model(tokenizer, version: str, **overrides) -> MiniMindForCausalLM:
     """This repository's model shaped as a MiniMind of that version, with non-trivial norm gains."""
     torch.manual_seed(0)
-    config = MiniMindConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, intermediate_size=192, rms_norm_eps=VERSION_EPS[version],
-                            qk_norm="head" if version == "3" else "none", **overrides)
+    config = MiniMindConfig(**{"vocab_size": len(tokenizer), "hidden_size": 64, "num_hidden_layers": 2,
+                               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 192,
+                               "rms_norm_eps": VERSION_EPS[version], "qk_norm": "head" if version == "3" else "none",
+                               **overrides})
     model = MiniMindForCausalLM(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -143,3 +144,13 @@ def test_bad_input_is_one_line_on_the_command_line(tmp_path, tiny_tokenizer_dir,
     assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
     assert {"not_a_pth": "cannot read", "wrong_tokenizer": "300", "version_3_of_a_minimind2": "q_norm"}[case] in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_minimind3_checkpoint_imports_as_the_minimind3_preset(tmp_path, tiny_tokenizer_dir):
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    preset = PRESETS["minimind3"]
+    source = minimind_model(tokenizer, "3", **{**preset, "num_hidden_layers": 1})  # one layer: the shapes suffice
+    save_pth(source, tmp_path / "pretrain_768.pth")
+    imported, _, _ = convert_from_minimind.import_minimind(tmp_path / "pretrain_768.pth", tiny_tokenizer_dir)
+    assert {field: getattr(imported.config, field) for field in preset} == {**preset, "num_hidden_layers": 1}
+    assert imported.config.tie_word_embeddings
