@@ -84,3 +84,28 @@ def test_slug_follows_github():
     assert slug("Training throughput against `transformers.LlamaForCausalLM`") == (
         "training-throughput-against-transformersllamaforcausallm"
     )
+
+
+def switch_table() -> str:
+    """docs/model.md's table of switches, as the model config's declaration (SWITCHES) gives it."""
+    from model import SWITCHES
+
+    def values(switch) -> str:
+        if switch.choices:
+            return ", ".join(f"`{v}`" for v in switch.choices)
+        return {bool: "flag", int: "integer", float: "number"}[switch.type]
+
+    rows = ["| flag | values | default | what it does |", "|---|---|---|---|"]
+    for s in SWITCHES:
+        flag = f"`--{s.name}`" + (f" (`--{s.flag}`)" if s.flag else "")
+        default = "derived" if s.default is None else f"`{s.default}`"
+        rows.append(f"| {flag} | {values(s)} | {default} | {s.help.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+def test_the_switch_table_in_docs_is_the_declaration():
+    text = (ROOT / "docs" / "model.md").read_text(encoding="utf-8")
+    start, end = "<!-- switches: generated from SWITCHES, checked by tests/test_docs.py -->\n", "\n<!-- /switches -->"
+    assert start in text and end in text
+    table = text.split(start, 1)[1].split(end, 1)[0]
+    assert table == switch_table(), f"replace the table in docs/model.md with:\n{switch_table()}"
