@@ -33,10 +33,10 @@ from tqdm import tqdm
 from common.cli import ArgumentParser, UserError, require_positive, run_cli
 from common.environment import environment
 from data import BatchSampler, load_tokenizer, prepare_split
+from study.plots import plot_signal_propagation
 from study.variants import VARIANTS
 from trainer.args import build_parser
 from trainer.diagnostics import block_grad_norms, layer_stats
-from trainer.plots import plot_signal_propagation
 from trainer.train_pretrain import build_model, model_config
 
 DEFAULT_VARIANTS = ["pre-rmsnorm", "post-rmsnorm", "peri-rmsnorm", "reorder-rmsnorm", "deepnorm-rmsnorm",

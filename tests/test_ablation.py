@@ -13,8 +13,11 @@ from common.cli import UserError, run_cli
 from data import load_tokenizer, prepare_split
 from model import NORM_POSITIONS, NORM_TYPES, norm_variant
 from scripts import run_ablation
+from study import lr_tuning, runner
 from study.parallel import Worker
-from study.variants import NAMED, PLACEMENT_DEFAULTS, variant_problem
+from study.plots import plot_loss_curves, plot_lr_sensitivity
+from study.report import results_table
+from study.variants import NAMED, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS, variant_problem
 from trainer import args as trainer_args
 from trainer.args import build_parser
 from trainer.tracking import read_metrics
@@ -34,26 +37,26 @@ def study(tmp_path, tiny_flags, monkeypatch):
 
 
 def test_variants_are_looked_up_not_split():
-    assert run_ablation.VARIANTS["pre-rmsnorm"] == {**PLACEMENT_DEFAULTS, "norm_position": "pre", "norm_scaling": "none",
+    assert VARIANTS["pre-rmsnorm"] == {**PLACEMENT_DEFAULTS, "norm_position": "pre", "norm_scaling": "none",
                                                     "qk_norm": "none", "v_norm": "none", "norm": "rmsnorm"}
-    assert run_ablation.VARIANTS["reorder+qk_proj-rmsnorm_noparam"] == {**PLACEMENT_DEFAULTS,
+    assert VARIANTS["reorder+qk_proj-rmsnorm_noparam"] == {**PLACEMENT_DEFAULTS,
         "norm_position": "reorder", "norm_scaling": "none", "qk_norm": "proj", "v_norm": "none",
         "norm": "rmsnorm_noparam"}
-    assert run_ablation.VARIANTS["peri+qkv-ssnorm"] == {**PLACEMENT_DEFAULTS,
+    assert VARIANTS["peri+qkv-ssnorm"] == {**PLACEMENT_DEFAULTS,
         "norm_position": "peri", "norm_scaling": "none", "qk_norm": "head", "v_norm": "head", "norm": "ssnorm"}
-    assert run_ablation.VARIANTS["hybrid-rmsnorm"] == {**PLACEMENT_DEFAULTS, "norm_position": "hybrid",
+    assert VARIANTS["hybrid-rmsnorm"] == {**PLACEMENT_DEFAULTS, "norm_position": "hybrid",
                                                        "qk_norm": "head", "v_norm": "head", "norm": "rmsnorm"}
-    assert run_ablation.VARIANTS["peri+embed_scale+one_plus_w-rmsnorm"] == {**PLACEMENT_DEFAULTS,
+    assert VARIANTS["peri+embed_scale+one_plus_w-rmsnorm"] == {**PLACEMENT_DEFAULTS,
         "norm_position": "peri", "embed_norm": "scale", "norm_gain": "one_plus_w", "norm": "rmsnorm"}
-    assert run_ablation.VARIANTS["pre+sub-layernorm"]["sub_norm"] is True
-    assert run_ablation.VARIANTS["pre+gate-rmsnorm"]["attn_gate"] == "elementwise"
-    assert run_ablation.VARIANTS["pre+sinks-rmsnorm"]["attn_sinks"] is True
-    assert run_ablation.VARIANTS["mix+depth-dyt"]["norm_scaling"] == "depth"
+    assert VARIANTS["pre+sub-layernorm"]["sub_norm"] is True
+    assert VARIANTS["pre+gate-rmsnorm"]["attn_gate"] == "elementwise"
+    assert VARIANTS["pre+sinks-rmsnorm"]["attn_sinks"] is True
+    assert VARIANTS["mix+depth-dyt"]["norm_scaling"] == "depth"
     # every position is a placement of its own (ReZero, which has no norm to pair, a named variant), and every
     # placement pairs with every norm type
-    assert set(NORM_POSITIONS) <= set(run_ablation.PLACEMENTS) | {"rezero"}
-    assert run_ablation.VARIANTS["rezero"] == {**PLACEMENT_DEFAULTS, "norm_position": "rezero", "norm": "none"}
-    assert len(run_ablation.VARIANTS) == len(run_ablation.PLACEMENTS) * len(NORM_TYPES) + len(NAMED)
+    assert set(NORM_POSITIONS) <= set(PLACEMENTS) | {"rezero"}
+    assert VARIANTS["rezero"] == {**PLACEMENT_DEFAULTS, "norm_position": "rezero", "norm": "none"}
+    assert len(VARIANTS) == len(PLACEMENTS) * len(NORM_TYPES) + len(NAMED)
 
 
 def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkeypatch):
@@ -77,7 +80,7 @@ def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkey
 
 def test_variant_names_are_the_models_own_names_for_them(tiny_tokenizer):
     """Each variant's flags build a model that calls itself by the variant's name (model.norm_variant)."""
-    for name, fields in run_ablation.VARIANTS.items():
+    for name, fields in VARIANTS.items():
         if variant_problem(name):
             continue  # the trainer refuses these (next test); the runner too (test_all_is_every_variant_...)
         args = build_parser().parse_args([])
@@ -125,7 +128,7 @@ def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
     returns its one line on stderr."""
     def no_training(args):
         raise AssertionError(f"trained {args.out_dir}")
-    monkeypatch.setattr(run_ablation, "train", no_training)
+    monkeypatch.setattr(runner, "train", no_training)
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
         run_cli(lambda: run_ablation.main(["--out_dir", str(tmp_path / "study"), *flags]))
@@ -139,12 +142,12 @@ def test_all_is_every_variant_that_makes_a_model_and_one_that_makes_none_is_refu
         capsys, monkeypatch, tmp_path):
     study, _ = run_ablation.parse_args(["--variants", "all"])
     # norms of no type where the placement adds norms, a (1 + w) gain on a norm with no gain: no model
-    invalid = [name for name, fields in run_ablation.VARIANTS.items()
+    invalid = [name for name, fields in VARIANTS.items()
                if fields["norm"] == "none" and ((fields["qk_norm"], fields["v_norm"]) != ("none", "none")
                                                 or fields["sub_norm"] or fields["embed_norm"] == "norm")
                or fields["norm_gain"] != "w" and not NORM_TYPES[fields["norm"]].gain]
     assert len(invalid) == 16 and "hybrid-none" in invalid and "pre+one_plus_w-rmsnorm_noparam" in invalid
-    assert study.variants == [v for v in run_ablation.VARIANTS if v not in invalid]
+    assert study.variants == [v for v in VARIANTS if v not in invalid]
     assert "pre+qk_head-batchnorm" in study.variants and "pre-none" in study.variants
     assert refused(capsys, monkeypatch, tmp_path, "--variants", "pre-rmsnorm", "hybrid-none") == (
         "error: variant 'hybrid-none' makes no model (qk_norm='head' needs a norm to apply; allowed with any "
@@ -159,7 +162,7 @@ def test_repeated_seeds_and_variants_run_and_count_once(monkeypatch, capsys):
         trained.append((variant, lr, seed))
         return {"seed": seed, "diverged": False, "plateaued": False, "val_loss": 4.0 + seed / 100, "val_bpb": 1.0,
                 "tokens_per_s": None, "s_per_step": None, "norm_params": 10}
-    monkeypatch.setattr(run_ablation, "train_or_reuse", fake_run)
+    monkeypatch.setattr(runner, "train_or_reuse", fake_run)
     capsys.readouterr()
     study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "pre-rmsnorm",
                                            "--seeds", "1", "0", "1", "1"])
@@ -167,18 +170,18 @@ def test_repeated_seeds_and_variants_run_and_count_once(monkeypatch, capsys):
     assert capsys.readouterr().err.splitlines() == [
         "note: --variants repeats pre-rmsnorm; each runs and counts once",
         "note: --seeds repeats 1; each runs and counts once"]
-    groups = run_ablation.train_study(study, base, Worker()).groups
+    groups = runner.train_study(study, base, Worker()).groups
     assert sorted(trained) == sorted({*trained}) and len(trained) == 4
     assert [len(runs) for runs in groups.values()] == [2, 2]
-    assert "| 4.005 ± 0.007 | 1.000 ± 0.000 | — | — | 10 | 0/2 | 0/2 |" in run_ablation.results_table(groups, False)
+    assert "| 4.005 ± 0.007 | 1.000 ± 0.000 | — | — | 10 | 0/2 | 0/2 |" in results_table(groups, False)
     # ... and in the fair study, where the first seed tunes and each other seed trains once at the choice
     trained.clear()
-    monkeypatch.setattr(run_ablation, "unigram_loss", lambda base: 6.0)
-    monkeypatch.setattr(run_ablation, "tuning_point", lambda lr, run, unigram: run_ablation.lr_tuning.Point(
+    monkeypatch.setattr(runner, "unigram_loss", lambda base: 6.0)
+    monkeypatch.setattr(runner, "tuning_point", lambda lr, run, unigram: lr_tuning.Point(
         lr, abs(math.log2(lr / 2e-3)), True))
     study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "--seeds", "0", "1", "0", "1",
                                            "--tune_lr", "1e-3", "2e-3", "4e-3"])
-    groups = run_ablation.train_study(study, base, Worker()).groups
+    groups = runner.train_study(study, base, Worker()).groups
     assert trained == [("pre-rmsnorm", 1e-3, 0), ("pre-rmsnorm", 2e-3, 0), ("pre-rmsnorm", 4e-3, 0),
                        ("pre-rmsnorm", 2e-3, 1)]
     assert [[r["seed"] for r in runs] for runs in groups.values()] == [[0, 1]]
@@ -211,7 +214,7 @@ def test_a_finished_run_without_its_metrics_is_one_error_not_a_crash(study, monk
 
     def no_training(args):
         raise AssertionError(f"trained {args.out_dir} again")
-    monkeypatch.setattr(run_ablation, "train", no_training)
+    monkeypatch.setattr(runner, "train", no_training)
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
         run_cli(lambda: study("--variants", "pre-rmsnorm", "--max_steps", "2", "--eval_interval", "2"))
@@ -303,11 +306,11 @@ def test_diverged_run_is_recorded_not_fatal_and_each_run_ends_in_one_line(study,
 def test_plateau_rule():
     evals = [{"split": "val", "loss": 5.0}, {"split": "train", "loss": 4.0}, {"split": "val", "loss": 4.0}]
     run = {"diverged": False, "val_loss": 4.0}
-    assert not run_ablation.plateaued(run, evals, unigram=5.0)
-    assert run_ablation.plateaued(run, evals, unigram=4.04)  # within 0.05 nats of the unigram model
-    assert run_ablation.plateaued({**run, "val_loss": 5.0}, evals, unigram=6.0)  # no lower than the first eval
-    assert not run_ablation.plateaued(run, evals[1:], unigram=6.0)  # one evaluation: nothing to compare with
-    assert not run_ablation.plateaued({"diverged": True, "val_loss": None}, evals, unigram=6.0)
+    assert not runner.plateaued(run, evals, unigram=5.0)
+    assert runner.plateaued(run, evals, unigram=4.04)  # within 0.05 nats of the unigram model
+    assert runner.plateaued({**run, "val_loss": 5.0}, evals, unigram=6.0)  # no lower than the first eval
+    assert not runner.plateaued(run, evals[1:], unigram=6.0)  # one evaluation: nothing to compare with
+    assert not runner.plateaued({"diverged": True, "val_loss": None}, evals, unigram=6.0)
 
 
 def test_unigram_loss_is_the_smoothed_frequency_model(tmp_path, tiny_corpus, tiny_tokenizer_dir, monkeypatch):
@@ -319,7 +322,7 @@ def test_unigram_loss_is_the_smoothed_frequency_model(tmp_path, tiny_corpus, tin
                   for split in ("train", "validation"))
     counts = Counter(train)
     expected = -sum(math.log((counts[t] + 1) / (len(train) + len(tokenizer))) for t in val) / len(val)
-    assert run_ablation.unigram_loss(base) == pytest.approx(expected, rel=1e-9)
+    assert runner.unigram_loss(base) == pytest.approx(expected, rel=1e-9)
 
 
 def test_tune_lr_refuses_a_fixed_grid_and_several_warmups():
@@ -340,7 +343,7 @@ def test_tune_lr_refuses_a_fixed_grid_and_several_warmups():
 def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reruns_nothing(
         study, capsys, monkeypatch):
     # Runs of a few steps learn too little to beat a unigram model; judged on loss alone, none counts as plateaued.
-    monkeypatch.setattr(run_ablation, "unigram_loss", lambda base: math.inf)
+    monkeypatch.setattr(runner, "unigram_loss", lambda base: math.inf)
     flags = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--tune_lr", "1e-3", "3e-2",
              "--max_steps", "3", "--eval_interval", "3", "--warmup_steps", "0", "--log_interval", "3")
     out = study(*flags)
@@ -359,7 +362,7 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
         seed0 = [r for r in runs if r.startswith(t["variant"] + "-") and r.endswith("-s0")]
         seed1 = [r for r in runs if r.startswith(t["variant"] + "-") and r.endswith("-s1")]
         assert len(seed0) == len(lrs)
-        assert seed1 == [run_ablation.run_name(t["variant"], 2, t["chosen_lr"], 0, 1)]
+        assert seed1 == [runner.run_name(t["variant"], 2, t["chosen_lr"], 0, 1)]
     results = json.loads((out / "results.json").read_text())
     assert sorted((r["variant"], r["seed"]) for r in results) == [
         ("post-rmsnorm", 0), ("post-rmsnorm", 1), ("pre-rmsnorm", 0), ("pre-rmsnorm", 1)]
@@ -374,7 +377,7 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
     # a rerun reuses every run: nothing trains
     def no_training(args):
         raise AssertionError(f"trained {args.out_dir} again")
-    monkeypatch.setattr(run_ablation, "train", no_training)
+    monkeypatch.setattr(runner, "train", no_training)
     capsys.readouterr()
     study(*flags)
     assert json.loads((out / "tuning.json").read_text()) == tuning
@@ -397,9 +400,9 @@ def test_speed_columns_leave_out_runs_without_a_timed_step():
     """A one-step run's only step is its warm-up (timed apart as compile time), so it has no tokens/s."""
     run = {"diverged": False, "val_loss": 2.0, "val_bpb": 1.0, "norm_params": 10, "plateaued": False}
     runs = [{**run, "tokens_per_s": None, "s_per_step": None}, {**run, "tokens_per_s": 100.0, "s_per_step": 0.5}]
-    table = run_ablation.results_table({("pre-rmsnorm", 2, 1e-3, 10): runs}, grid=False)
+    table = results_table({("pre-rmsnorm", 2, 1e-3, 10): runs}, grid=False)
     assert "| 100 | 0.500 |" in table
-    assert "| — | — |" in run_ablation.results_table({("pre-rmsnorm", 2, 1e-3, 10): runs[:1]}, grid=False)
+    assert "| — | — |" in results_table({("pre-rmsnorm", 2, 1e-3, 10): runs[:1]}, grid=False)
 
 
 def test_a_variant_that_trains_at_no_lr_grows_its_grid_downwards_and_trains_no_other_seed(monkeypatch, capsys):
@@ -410,13 +413,13 @@ def test_a_variant_that_trains_at_no_lr_grows_its_grid_downwards_and_trains_no_o
         trained.append((variant, lr, seed))
         assert job == ("grid" if seed == 0 else "seed")  # what the run is to the study: its wandb tag job=...
         return {"variant": variant, "lr": lr, "seed": seed, "val_loss": 4.0 + abs(math.log2(lr / 2e-3))}
-    monkeypatch.setattr(run_ablation, "train_or_reuse", fake_run)
-    monkeypatch.setattr(run_ablation, "unigram_loss", lambda base: 6.0)
-    monkeypatch.setattr(run_ablation, "tuning_point", lambda lr, run, unigram: run_ablation.lr_tuning.Point(
+    monkeypatch.setattr(runner, "train_or_reuse", fake_run)
+    monkeypatch.setattr(runner, "unigram_loss", lambda base: 6.0)
+    monkeypatch.setattr(runner, "tuning_point", lambda lr, run, unigram: lr_tuning.Point(
         lr, run["val_loss"], run["variant"] != "post-rmsnorm"))
     study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1",
                                            "--tune_lr", "1e-3", "2e-3", "4e-3"])
-    plan = run_ablation.train_study(study, base, Worker())
+    plan = runner.train_study(study, base, Worker())
     groups, tuning = plan.groups, plan.tuning
     pre, post = tuning
     assert pre["chosen_lr"] == 2e-3 and pre["learning_rates"] == [1e-3, 2e-3, 4e-3] and not pre["at_edge"]
@@ -443,10 +446,10 @@ def test_a_study_of_many_variants_draws_no_two_lines_alike(tmp_path, monkeypatch
     names = [f"variant{i}" for i in range(17)]
     tuning = [{"variant": name, "depth": 8, "learning_rates": [1e-3, 2e-3], "val_losses": [4.0, None],
                "usable": [True, False], "chosen_lr": 1e-3} for name in names]
-    run_ablation.plot_lr_sensitivity(tuning, tmp_path / "lr.png")
+    plot_lr_sensitivity(tuning, tmp_path / "lr.png")
     curve = [{"split": split, "step": step, "train_time_s": step, "loss": 5.0 - step}
              for step in (1, 2) for split in ("train", "val")]
-    run_ablation.plot_loss_curves({name: [curve] for name in names}, tmp_path / "loss.png")
+    plot_loss_curves({name: [curve] for name in names}, tmp_path / "loss.png")
     assert len(styles) == 2
     for drawn in styles:
         variants = {(color, ls) for label, color, ls in drawn if label in names}

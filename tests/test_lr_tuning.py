@@ -5,8 +5,7 @@ import math
 
 import pytest
 
-from scripts.run_ablation import fair_table
-from trainer.lr_tuning import (
+from study.lr_tuning import (
     Point,
     choose_lr,
     edge_extension,
@@ -15,6 +14,7 @@ from trainer.lr_tuning import (
     same_cpu_type,
     usable_range,
 )
+from study.report import fair_table
 
 
 def test_the_lowest_usable_loss_wins_and_failed_runs_never_do():

@@ -17,8 +17,9 @@ import torch
 from common.cli import UserError
 from common.environment import usable_cores
 from scripts import run_ablation
-from study import parallel
+from study import lr_tuning, parallel
 from study.parallel import Worker, train_in_parallel, try_claim
+from study.runner import tune_plan
 
 REPO = Path(__file__).resolve().parents[1]
 COMPARED = ("step", "diverged", "train_loss", "val_loss", "val_bpb", "num_params", "seed", "variant")
@@ -98,9 +99,9 @@ def test_a_worker_takes_its_own_share_and_hides_torchrun_from_the_trainer(monkey
 def test_tuning_sends_every_grid_run_out_before_any_other_seed(monkeypatch):
     study, _ = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1",
                                         "--tune_lr", "1e-3", "2e-3", "4e-3"])
-    point = lambda run: run_ablation.lr_tuning.Point(run[2], abs(run[2] - 2e-3), True)  # noqa: E731
+    point = lambda run: lr_tuning.Point(run[2], abs(run[2] - 2e-3), True)  # noqa: E731
     grid = {("pre-rmsnorm", 8, lr, study.warmup_steps[0], 0): {} for lr in (1e-3, 2e-3, 4e-3)}
-    plan = run_ablation.tune_plan(study, grid, point, print)  # pre's grid is done, post's not started
+    plan = tune_plan(study, grid, point, print)  # pre's grid is done, post's not started
     assert list(plan.pending.values()) == ["grid"] * 3 + ["seed"]
     assert list(plan.pending)[-1] == ("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0], 1)
     assert [t["variant"] for t in plan.tuning] == ["pre-rmsnorm"] and plan.groups == {}
@@ -221,5 +222,5 @@ def test_a_tuned_study_under_torchrun_makes_the_same_choices_and_a_rerun_trains_
 
     def no_training(args):
         raise AssertionError(f"trained {args.out_dir} again")
-    monkeypatch.setattr(run_ablation, "train", no_training)
+    monkeypatch.setattr("study.runner.train", no_training)
     alone("ranks", *study)  # the same study folder, continued (here without torchrun): nothing left to train

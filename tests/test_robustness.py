@@ -30,6 +30,7 @@ from common.cli import UserError, run_cli
 from common.fs import exclusive_lock
 from data import DEFAULT_TOKENIZER_DIR, load_texts, prepare_split
 from model import MiniMindConfig, MiniMindForCausalLM
+from study.runner import run_name, run_one
 from study.variants import VARIANTS
 from trainer.args import parse_args
 from trainer.checkpoint import LINK, read_model_dir
@@ -556,10 +557,10 @@ def test_the_ablation_runner_starts_afresh_over_a_run_that_crashed_before_its_fi
     spec.loader.exec_module(runner)
     study, base = runner.parse_args(["--out_dir", str(tmp_path / "study"), *tiny_flags, *SCHEDULE, "--max_steps", "2"])
     config = ("pre-rmsnorm", 2, base.learning_rate, base.warmup_steps, 0)  # variant, depth, lr, warmup, seed
-    crashed = tmp_path / "study" / "runs" / runner.run_name(*config)
+    crashed = tmp_path / "study" / "runs" / run_name(*config)
     crashed.mkdir(parents=True)
     (crashed / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": 9.0}\n')
-    summary = runner.run_one(base, study, *config)
+    summary = run_one(base, study, *config)
     assert summary["step"] == 2 and sorted(train_losses(crashed)) == [1, 2]
     assert train_losses(crashed)[1] != 9.0
 

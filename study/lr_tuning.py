@@ -1,6 +1,6 @@
 """The fair-study protocol's arithmetic: which learning rate a variant trains best at, how wide its usable range
 is, and how it compares with a baseline seed by seed. Pure functions on final validation losses, so the runner
-(scripts/run_ablation.py --tune_lr) and the tests share them.
+(study/runner.py, scripts/run_ablation.py --tune_lr), its report and the tests share them.
 
 A grid point is *usable* when its run neither diverged (a non-finite loss, or a finite one that blew up) nor
 plateaued (learned next to nothing): only usable points can win, because a run that plateaued at a low loss by

@@ -1,0 +1,271 @@
+"""A study's runs: their names, flags and folders, reuse of the finished ones, the plan of what trains next (every
+grid point, or with --tune_lr each variant's lr grid, then its other seeds at the chosen lr), training the plan
+one run after another or side by side under torchrun, and the plateau rule (a run that learned next to nothing)
+the lr choice and the report both apply. scripts/run_ablation.py is its command line."""
+
+import copy
+import json
+import math
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from common.cli import UserError
+from data import load_tokenizer, prepare_split
+from study import lr_tuning
+from study.parallel import Worker, train_in_parallel, waiting_claim
+from study.variants import VARIANTS
+from trainer.args import flags_with, validate
+from trainer.checkpoint import find_checkpoints
+from trainer.run_dir import recorded_value
+from trainer.tracking import read_metrics
+from trainer.train_pretrain import train
+
+# A run "plateaued" when it trained without diverging but learned (almost) nothing: its final validation loss is
+# within PLATEAU_MARGIN nats of what a context-free unigram model scores on the validation split, or no lower
+# than its first validation loss (with at least two evaluations).
+PLATEAU_MARGIN = 0.05
+
+
+def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str:
+    return f"{variant}-L{depth}-lr{lr:g}-wu{warmup}-s{seed}"
+
+
+# Flags that do not change what a run computes (their role in trainer/args.py), so a finished run made with other
+# values is still valid.
+BOOKKEEPING = set(flags_with("bookkeeping"))
+
+
+def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int, job: str = "run"):
+    """The trainer flags of one run of the study. job: what the run is to the study, for its wandb tags
+    (trainer/args.py WANDB_JOBS)."""
+    name = run_name(variant, depth, lr, warmup, seed)
+    out_dir = Path(study.out_dir) / "runs" / name
+    args = copy.copy(base)
+    for field, value in VARIANTS[variant].items():
+        setattr(args, field, value)
+    args.num_hidden_layers, args.seed = depth, seed
+    args.learning_rate, args.warmup_steps = lr, warmup
+    args.min_lr = min(base.min_lr, lr)
+    # A run with a checkpoint continues; one without starts afresh over whatever a crash before its first
+    # checkpoint left in its folder (this study's own, named after the run).
+    args.out_dir, args.resume = str(out_dir), bool(find_checkpoints(out_dir))
+    args.overwrite = not args.resume
+    args.wandb_group = base.wandb_group or Path(study.out_dir).name
+    args.wandb_run_name, args.wandb_job = name, job
+    return args
+
+
+def finished_run(base, study, *run) -> dict | None:
+    """The summary of a run of the study that is finished (trained to --max_steps, or diverged), with out_dir where
+    it is now, wherever the study ran from then; None if it is not."""
+    args = run_args(base, study, *run)
+    out_dir = Path(args.out_dir)
+    if not (out_dir / "summary.json").exists():
+        return None
+    summary = json.loads((out_dir / "summary.json").read_text())
+    changed = sorted(k for k, v in vars(args).items()
+                     if k not in BOOKKEEPING and recorded_value(summary.get("args", {}), k) != v)
+    if changed:
+        raise UserError(f"{out_dir} was trained with other values of --{', --'.join(changed)}; "
+                        "use a new --out_dir for a different study")
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))  # what each run trains on: 1 with --parallel runs
+    if summary.get("world_size", ranks) != ranks:  # (summaries from before it was recorded do not say)
+        raise UserError(f"{out_dir} was trained on {summary['world_size']} data-parallel ranks, this study "
+                        f"trains each run on {ranks}: its batches differ; use a new --out_dir, or the same "
+                        "--parallel mode and number of ranks")
+    if not (summary["diverged"] or summary["step"] >= base.max_steps):
+        return None
+    if not (out_dir / "metrics.jsonl").is_file():  # the plateau rule and the figures read it
+        raise UserError(f"{out_dir} is finished but its metrics.jsonl is missing; restore it, or delete "
+                        "the run's folder to train it again")
+    return {**summary, "out_dir": str(out_dir)}
+
+
+def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int, job: str = "run") -> dict:
+    """Train one configuration (or reuse its finished result) and return its summary."""
+    if (summary := finished_run(base, study, variant, depth, lr, warmup, seed)) is not None:
+        return summary
+    args = run_args(base, study, variant, depth, lr, warmup, seed, job)
+    print(f"\n=== {args.wandb_run_name}")
+    summary = train(validate(args))
+    if summary["diverged"]:  # a finished run ends in the trainer's own closing line; a diverged one in this
+        print(f"diverged: {summary['divergence']}; the study records it and goes on")
+    return summary
+
+
+def train_or_reuse(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int,
+                   job: str = "run") -> dict | None:
+    """run_one, stopping the study when the run was interrupted. None on DDP ranks other than 0 (they only get
+    the outcome, not the numbers)."""
+    summary = run_one(base, study, variant, depth, lr, warmup, seed, job)
+    if summary["interrupted"]:
+        raise StudyInterrupted
+    return summary if "out_dir" in summary else None
+
+
+def unigram_loss(base) -> float:
+    """Validation loss (nats per token) of the best context-free model: every token predicted with its frequency
+    in the training split, add-one smoothed so a token unseen in training costs a finite amount."""
+    tokenizer = load_tokenizer(base.tokenizer_path)
+    train_split, val_split = (prepare_split(base.data_path, split, tokenizer, base.text_field, num_proc=base.num_proc,
+                                            streaming=base.streaming) for split in ("train", "validation"))
+    counts = np.bincount(train_split.tokens, minlength=len(tokenizer)) + 1.0
+    return float(-np.log(counts / counts.sum())[val_split.tokens].mean())
+
+
+def plateaued(run: dict, metrics: list[dict], unigram: float) -> bool:
+    """See PLATEAU_MARGIN."""
+    if run["diverged"] or run["val_loss"] is None:
+        return False
+    evals = [r["loss"] for r in metrics if r["split"] == "val"]
+    return run["val_loss"] > unigram - PLATEAU_MARGIN or (len(evals) > 1 and run["val_loss"] >= evals[0])
+
+
+def tuning_point(lr: float, run: dict, unigram: float) -> lr_tuning.Point:
+    """A finished run as a grid point: its final validation loss, usable unless it diverged or plateaued."""
+    finite = not run["diverged"] and run["val_loss"] is not None and math.isfinite(run["val_loss"])
+    usable = finite and not plateaued(run, read_metrics(Path(run["out_dir"]) / "metrics.jsonl"), unigram)
+    return lr_tuning.Point(lr, run["val_loss"] if finite else None, usable)
+
+
+class StudyInterrupted(Exception):
+    """A run stopped on a signal; the same command continues the study where it stopped."""
+
+
+# One run of a study: (variant, depth, lr, warmup, seed).
+Run = tuple[str, int, float, int, int]
+
+
+@dataclass
+class Plan:
+    """Where a study stands, from its finished runs: those that can train now, in the order they go out, each with
+    its job (trainer/args.py WANDB_JOBS); the groups of finished runs the report compares; and with --tune_lr the
+    choice of every (variant, depth) made so far."""
+    pending: dict[Run, str]
+    groups: dict[tuple, list[dict]]
+    tuning: list[dict] | None = None
+
+
+def grid_plan(study, results: dict[Run, dict | None]) -> Plan:
+    """Every variant at every depth, lr, warmup and seed. A None result is a run this DDP rank took part in."""
+    runs = [(variant, depth, lr, warmup, seed) for depth in study.depths for lr in study.learning_rates
+            for warmup in study.warmup_steps for variant in study.variants for seed in study.seeds]
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        if results.get(run) is not None:
+            groups.setdefault(run[:4], []).append(results[run])
+    return Plan({run: "run" for run in runs if run not in results}, groups)
+
+
+def tune_plan(study, results: dict[Run, dict], point, say) -> Plan:
+    """--tune_lr: per (variant, depth), the lr grid with the first seed (grown past a winning edge, or downwards
+    when nothing trains); once all its grid runs are finished, the choice, then the other seeds at the chosen lr
+    only. Grid runs go out before other seeds, so no rank idles while a grid still has runs to train. point(run)
+    is a finished run as a grid point; say(message) tells a decision once."""
+    warmup, first = study.warmup_steps[0], study.seeds[0]
+    grid_runs: dict[Run, str] = {}
+    seed_runs: dict[Run, str] = {}
+    groups: dict[tuple, list[dict]] = {}
+    tuning = []
+    for depth in study.depths:
+        for variant in study.variants:
+            lrs = list(study.tune_lr)
+            for extension in range(lr_tuning.MAX_EXTENSIONS + 1):
+                missing = [(variant, depth, lr, warmup, first) for lr in lrs
+                           if (variant, depth, lr, warmup, first) not in results]
+                if missing:
+                    break
+                points = [point((variant, depth, lr, warmup, first)) for lr in lrs]
+                chosen = lr_tuning.choose_lr(points)
+                new = lr_tuning.edge_extension(lrs, chosen)
+                if new is None:
+                    break
+                if extension == lr_tuning.MAX_EXTENSIONS:
+                    if chosen is not None:
+                        say(f"{variant} L{depth}: the best lr, {chosen:g}, is still at the edge of the grid after "
+                            f"{lr_tuning.MAX_EXTENSIONS} extensions; it is kept, but a better one may lie outside")
+                    break
+                why = (f"the best lr, {chosen:g}, is at the edge of the grid" if chosen is not None
+                       else "no lr of the grid trained without diverging or plateauing")
+                say(f"{variant} L{depth}: {why}; adding {new:g} (extension {extension + 1} of "
+                    f"{lr_tuning.MAX_EXTENSIONS})")
+                lrs = sorted([*lrs, new])
+            if missing:
+                grid_runs.update(dict.fromkeys(missing, "grid"))
+                continue
+            tuning.append({"variant": variant, "depth": depth, "learning_rates": lrs,
+                           "val_losses": [p.val_loss for p in points], "usable": [p.usable for p in points],
+                           "chosen_lr": chosen, "at_edge": chosen is not None and new is not None,
+                           "usable_range": lr_tuning.usable_range(points)})
+            if chosen is None:
+                say(f"{variant} L{depth}: no lr of {', '.join(f'{lr:g}' for lr in lrs)} trained without "
+                    "diverging or plateauing; its other seeds are not trained")
+                continue
+            runs = [(variant, depth, chosen, warmup, seed) for seed in study.seeds]
+            if todo := [run for run in runs if run not in results]:
+                seed_runs.update(dict.fromkeys(todo, "seed"))
+            else:
+                groups[variant, depth, chosen, warmup] = [results[run] for run in runs]
+    return Plan({**grid_runs, **seed_runs}, groups, tuning)
+
+
+def train_study(study, base, worker: Worker) -> Plan:
+    """Train every run the study's plan asks for, one after another, or under torchrun with --parallel runs, side by
+    side with the other ranks (study/parallel.py); return the plan once nothing is left to train."""
+    results: dict[Run, dict | None] = {}
+    said = set()
+
+    def say(message: str) -> None:
+        if message not in said:
+            said.add(message)
+            print(message)
+
+    if study.tune_lr:
+        unigram, points = unigram_loss(base), {}
+
+        def point(run: Run) -> lr_tuning.Point:  # a finished run's point never changes: read its metrics once
+            if run not in points:
+                points[run] = tuning_point(run[2], results[run], unigram)
+            return points[run]
+        plan = lambda: tune_plan(study, results, point, say)  # noqa: E731
+    else:
+        plan = lambda: grid_plan(study, results)  # noqa: E731
+
+    if worker.world_size > 1 and study.parallel == "runs":
+        def pending() -> list[tuple[Run, str]]:
+            current = plan()
+            # runs other ranks finished since the last look (and, in turn, what their results let train)
+            while fresh := {run: s for run in current.pending if (s := finished_run(base, study, *run))}:
+                results.update(fresh)
+                current = plan()
+            return list(current.pending.items())
+
+        def train_one(item: tuple[Run, str]) -> None:
+            run, job = item
+            results[run] = train_or_reuse(base, study, *run, job)
+
+        # With --tune_lr a finished grid lets new runs train, and rank 0 writes the report: those ranks wait for
+        # the others; in a grid study the other ranks are done once nothing is left to take.
+        train_in_parallel(pending, lambda item: Path(study.out_dir) / ".claims" / f"{run_name(*item[0])}.lock",
+                          lambda item: Path(study.out_dir) / "runs" / run_name(*item[0]), train_one,
+                          base.dist_timeout, wait=bool(study.tune_lr) or worker.rank == 0)
+        return plan()
+    while (current := plan()).pending:
+        run, job = next(iter(current.pending.items()))
+        results[run] = train_or_reuse(base, study, *run, job)
+    return current
+
+
+def tokenize_once(base, claims: Path) -> None:
+    """Under torchrun with --parallel runs: the corpus is tokenized by the first rank of each machine to get here
+    (into the machine's token cache), while the others wait, then read its cache."""
+    with waiting_claim(claims / f"tokenizing-{socket.gethostname()}.lock", base.dist_timeout,
+                       "to tokenize the corpus"):
+        tokenizer = load_tokenizer(base.tokenizer_path)
+        for split in ("train", "validation"):
+            prepare_split(base.data_path, split, tokenizer, base.text_field, num_proc=base.num_proc,
+                          streaming=base.streaming)
