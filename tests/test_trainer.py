@@ -19,7 +19,7 @@ import trainer.train_pretrain as tp
 from common.cli import run_cli
 from trainer.args import parse_args
 from trainer.optim import build_optimizer, lr_at
-from trainer.tracking import read_metrics
+from trainer.tracking import compact, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(REPO / "trainer" / "train_pretrain.py")]
@@ -82,6 +82,18 @@ def test_a_run_prints_each_evaluation_and_ends_in_one_line_saying_what_to_run_ne
     generate, evaluate = (eval_llm.parse_args(command[2:]) for command in commands)
     assert generate.model_path == evaluate.model_path == str(out) and generate.prompt
     assert evaluate.eval_data == tiny_args[tiny_args.index("--data_path") + 1]
+
+
+def test_metrics_keep_per_layer_arrays_to_five_digits_and_every_scalar_exact(trained_run):
+    assert compact({"step": 3, "split": "train", "loss": 1.23456789, "mfu": None,
+                    "layers": [0.123456789, 98765.4321, None, 7, [2.4681357e-7]]}) == {
+        "step": 3, "split": "train", "loss": 1.23456789, "mfu": None, "layers": [0.12346, 98765.0, None, 7, [2.4681e-7]]}
+    records = read_metrics(trained_run / "metrics.jsonl")
+    arrays = [v for r in records for value in r.values() if isinstance(value, list) for v in value]
+    assert arrays and all(v == float(f"{v:.5g}") for v in arrays)
+    assert any(r["loss"] != float(f"{r['loss']:.5g}") for r in records)  # the losses keep all their digits
+    summary = json.loads((trained_run / "summary.json").read_text())
+    assert summary["val_loss"] == [r["loss"] for r in records if r["split"] == "val"][-1]
 
 
 def test_a_corpus_the_tokenizer_covers_poorly_gets_one_warning(tmp_path, tiny_args, capsys):

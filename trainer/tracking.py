@@ -15,6 +15,9 @@ from pathlib import Path
 from common.cli import cannot_write, first_line
 
 ONLINE_INIT_TIMEOUT_S = 20
+# Per-layer arrays are most of a run's metrics.jsonl; float32 statistics hold about 7 digits, and the figures and
+# tables that read them need far fewer, so they are kept to this many significant digits.
+LAYER_DIGITS = 5
 
 
 def wandb_key_configured() -> bool:
@@ -35,6 +38,18 @@ def wandb_mode() -> str:
     return "online" if wandb_key_configured() else "offline"
 
 
+def to_digits(values: list) -> list:
+    """A per-layer array (nested lists too) with each float kept to LAYER_DIGITS significant digits."""
+    return [to_digits(v) if isinstance(v, list) else float(f"{v:.{LAYER_DIGITS}g}") if isinstance(v, float) else v
+            for v in values]
+
+
+def compact(record: dict) -> dict:
+    """A record as metrics.jsonl keeps it: per-layer arrays to LAYER_DIGITS significant digits, each scalar exact,
+    since the summary, the printed evaluations and a study's lr and plateau rules read the scalars back."""
+    return {key: to_digits(value) if isinstance(value, list) else value for key, value in record.items()}
+
+
 def flatten(record: dict) -> dict:
     """A record as wandb charts: keys under their split, so train and validation loss are two charts, and a
     per-layer list as one chart per layer: {'split': 'train', 'residual_rms': [a, b]} -> {'train/residual_rms/00':
@@ -51,7 +66,7 @@ def flatten(record: dict) -> dict:
 
 
 class Tracker:
-    """Appends every record to out_dir/metrics.jsonl and mirrors it to a wandb run."""
+    """Appends every record to out_dir/metrics.jsonl (compacted) and mirrors it to a wandb run."""
 
     def __init__(self, out_dir: Path, use_wandb: bool, config: dict, project: str, name: str,
                  group: str | None, run_id: str | None, tags: list[str] = ()):
@@ -89,6 +104,7 @@ class Tracker:
         return self.run.id if self.run is not None else None
 
     def log(self, record: dict) -> None:
+        record = compact(record)
         try:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
