@@ -43,9 +43,9 @@ import model  # noqa: F401  (registers MiniMind with the Auto classes)
 from common.cli import ArgumentParser, UserError, require_positive, run_cli
 from data import DEFAULT_PROMPTS, BatchSampler, bits_per_byte, load_tokenizer, prepare_split
 from model import norm_variant
-from trainer.checkpoint import LINK, read_model_dir
 from trainer.device import autocast, pick_device, resolve_dtype
 from trainer.evaluation import evaluate
+from trainer.run_dir import LINK, read_model_dir
 
 DEFAULT_SEQ_LEN = 256
 

@@ -19,8 +19,7 @@ from study import lr_tuning
 from study.parallel import Worker, train_in_parallel, waiting_claim
 from study.variants import VARIANTS
 from trainer.args import flags_with, validate
-from trainer.checkpoint import find_checkpoints
-from trainer.run_dir import recorded_value
+from trainer.run_dir import find_checkpoints, recorded_value
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 

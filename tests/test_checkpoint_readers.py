@@ -11,11 +11,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import eval_llm
-import trainer.checkpoint
+import trainer.run_dir
 from common.cli import UserError, run_cli
 from model import MiniMindConfig, MiniMindForCausalLM
 from scripts import convert_to_gguf, convert_to_hf
-from trainer.checkpoint import LINK, MANIFEST, READ_ATTEMPTS, read_model_dir, save_checkpoint
+from trainer.run_dir import LINK, MANIFEST, READ_ATTEMPTS, read_model_dir, save_checkpoint
 
 
 def tiny_model(seed: int, vocab_size: int) -> MiniMindForCausalLM:
@@ -166,7 +166,7 @@ def test_reading_gives_up_after_a_few_replacements(run, tiny_tokenizer, capsys):
 def test_damage_is_not_mistaken_for_a_replacement(run, monkeypatch):
     """A load that fails on a folder still there is damage (fall back), never a reason to read again."""
     calls = []
-    monkeypatch.setattr(trainer.checkpoint, "READ_ATTEMPTS", 1)
+    monkeypatch.setattr(trainer.run_dir, "READ_ATTEMPTS", 1)
 
     def fails_on_step_4(model_dir):
         calls.append(model_dir.name)

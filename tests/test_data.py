@@ -33,7 +33,7 @@ from data import (
 from model import MiniMindConfig, MiniMindForCausalLM
 from scripts import train_tokenizer as train_tokenizer_script
 from scripts.convert_to_hf import convert
-from trainer.checkpoint import save_checkpoint
+from trainer.run_dir import save_checkpoint
 
 EOT = "<|endoftext|>"
 

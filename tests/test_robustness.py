@@ -33,10 +33,9 @@ from model import MiniMindConfig, MiniMindForCausalLM
 from study.runner import run_name, run_one
 from study.variants import VARIANTS
 from trainer.args import parse_args
-from trainer.checkpoint import LINK, read_model_dir
 from trainer.memory import model_parameters, step_memory_bytes
 from trainer.process import InterruptGuard
-from trainer.run_dir import LOCK_FILE
+from trainer.run_dir import LINK, LOCK_FILE, read_model_dir
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 

@@ -13,7 +13,7 @@ import torch
 import trainer.train_pretrain as tp
 from common.cli import UserError
 from trainer.args import build_parser, float_flags, parse_args
-from trainer.checkpoint import find_checkpoints
+from trainer.run_dir import find_checkpoints
 from trainer.tracking import read_metrics
 
 QUIET = ["--log_interval", 1, "--eval_interval", 4, "--eval_steps", 1, "--warmup_steps", 0]

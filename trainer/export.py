@@ -10,7 +10,7 @@ import model  # noqa: F401  (registers MiniMind with the Auto classes)
 from common.cli import UserError, first_line
 from model import MiniMindForCausalLM
 from model.hf_export import hf_config, hf_family
-from trainer.checkpoint import read_model_dir
+from trainer.run_dir import read_model_dir
 
 
 def export_model(src: Path) -> tuple[Path, MiniMindForCausalLM, torch.nn.Module]:

@@ -52,8 +52,8 @@ from data import (
 from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.names import VARIANT_SWITCHES
 from model.norms import NORM_MODULES
+from trainer import run_dir
 from trainer.args import arch_fields, parse_args
-from trainer.checkpoint import LINK, find_checkpoints, load_checkpoint, save_checkpoint, set_rng_state
 from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, resolve_dtype
 from trainer.diagnostics import (
     block_grad_norms,
@@ -67,8 +67,6 @@ from trainer.memory import require_model_fits, require_step_fits
 from trainer.optim import MuonWithAdamW, build_optimizer, lr_at, step_unless
 from trainer.plots import plot_layer_profiles
 from trainer.process import InterruptGuard, StopFlag, barrier, peer_failures_in_one_line, setup_distributed
-from trainer.resume import check_resumable, data_fingerprint, keep_metrics_up_to
-from trainer.run_dir import claim_run_dir, discard_run
 from trainer.tracking import Tracker, read_metrics
 
 
@@ -154,8 +152,8 @@ def train(args) -> dict:
     try:
         tokenizer = load_tokenizer(args.tokenizer_path)
         config = None if args.resume else model_config(args, tokenizer, device)
-        with (claim_run_dir(Path(args.out_dir), args.resume, args.overwrite) if rank == 0 else nullcontext(),
-              peer_failures_in_one_line(rank, args.dist_timeout)):
+        with (run_dir.claim_run_dir(Path(args.out_dir), args.resume, args.overwrite) if rank == 0
+              else nullcontext(), peer_failures_in_one_line(rank, args.dist_timeout)):
             return run_training(args, rank, world_size, device, tokenizer, config)
     except BaseException:
         if interrupts.signal is None:
@@ -268,7 +266,7 @@ def load_splits(job: Job) -> Splits:
         barrier()
     for split_data in splits:
         require_window(split_data, args)
-    return Splits(*splits, data_fingerprint(job.tokenizer, *splits))
+    return Splits(*splits, run_dir.data_fingerprint(job.tokenizer, *splits))
 
 
 def start_or_resume(job: Job, config: MiniMindConfig | None, splits: Splits) -> TrainState:
@@ -278,8 +276,8 @@ def start_or_resume(job: Job, config: MiniMindConfig | None, splits: Splits) -> 
     sampler = Prefetcher(BatchSampler(splits.train.tokens, args.batch_size, args.max_seq_len, seed=args.seed,
                                       rank=job.rank, world_size=job.world_size), job.device)
     if args.resume:
-        raw_model, saved = load_checkpoint(job.out_dir, repair=job.master)
-        check_resumable(saved, raw_model.config, args, splits.fingerprint, job.world_size)
+        raw_model, saved = run_dir.load_checkpoint(job.out_dir, repair=job.master)
+        run_dir.check_resumable(saved, raw_model.config, args, splits.fingerprint, job.world_size)
         if saved["step"] >= args.max_steps and job.master:
             print(f"{job.out_dir}: the run is already at step {saved['step']} of --max_steps {args.max_steps}; "
                   "nothing to train (raise --max_steps to train further)")
@@ -300,17 +298,12 @@ def start_or_resume(job: Job, config: MiniMindConfig | None, splits: Splits) -> 
             scaler.load_state_dict(saved["scaler"])
         sampler.load_state_dict(saved["sampler"][job.rank])
         state.step, state.train_time, state.run_id = saved["step"], saved["train_time"], saved["wandb_run_id"]
-        # (checkpoints from before warm-up was timed apart have neither)
-        state.compile_time, state.untimed_steps = saved.get("compile_time", 0.0), saved.get("untimed_steps", 0)
-        # (checkpoints from before these were saved: measure from ln V)
-        state.start_loss = saved.get("start_loss", math.log(raw_model.config.vocab_size))
-        state.lowest_loss, state.spiked = saved.get("lowest_loss", math.inf), saved.get("spiked", False)
-        # (checkpoints from before windows were saved start a new one: their first record covers fewer steps)
-        window = saved.get("window", {"loss_sums": [0.0] * job.world_size, "steps": 0, "untimed": 0,
-                                      "start": state.train_time})
+        state.compile_time, state.untimed_steps = saved["compile_time"], saved["untimed_steps"]
+        state.start_loss, state.lowest_loss, state.spiked = saved["start_loss"], saved["lowest_loss"], saved["spiked"]
+        window = saved["window"]
         state.window = Window(torch.tensor(window["loss_sums"][job.rank], device=job.device), window["steps"],
                               window["untimed"], window["start"])
-        set_rng_state(saved["rng"])
+        run_dir.set_rng_state(saved["rng"])
 
     if args.compile:
         state.model = torch.compile(raw_model)
@@ -346,9 +339,9 @@ def open_tracking(job: Job, splits: Splits, state: TrainState, costs: Accounting
     """Rank 0 only: prepare out_dir's metrics for this run, start the tracker and print what is trained where."""
     args, cfg, device, dtype = job.args, state.raw_model.config, job.device, job.dtype
     if args.resume:
-        keep_metrics_up_to(job.out_dir / "metrics.jsonl", state.step)
+        run_dir.keep_metrics_up_to(job.out_dir / "metrics.jsonl", state.step)
     elif args.overwrite:
-        discard_run(job.out_dir)
+        run_dir.discard_run(job.out_dir)
     dtype_name = str(dtype).removeprefix("torch.")
     run_name = args.wandb_run_name or f"{norm_variant(cfg)}-s{args.seed}"
     run_config = {**vars(args), "num_params": costs.num_params, "norm_params": costs.norm_params,
@@ -389,7 +382,7 @@ def save(job: Job, splits: Splits, state: TrainState, tracker: Tracker | None) -
         dist.all_gather_object(ranks, (state.sampler.state_dict(), state.window.loss.item()))
     window = state.window
     if job.master:
-        save_checkpoint(job.out_dir, state.raw_model, job.tokenizer, {
+        run_dir.save_checkpoint(job.out_dir, state.raw_model, job.tokenizer, {
             "step": state.step, "optimizer": state.optimizer.state_dict(), "scaler": state.scaler.state_dict(),
             "sampler": [sampler for sampler, _ in ranks], "train_time": state.train_time,
             "compile_time": state.compile_time, "untimed_steps": state.untimed_steps,
@@ -617,7 +610,8 @@ def closing_line(summary: dict, wall_time: float) -> str:
            else "no evaluation")
     speed = f"{summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "tokens/s not measured"
     line = (f"{'stopped' if summary['interrupted'] else 'done'}: step {summary['step']}/{summary['max_steps']}, "
-            f"{val}, {speed}, {duration(wall_time)} | checkpoint {Path(summary['out_dir']) / LINK} | next: ")
+            f"{val}, {speed}, {duration(wall_time)} | checkpoint {Path(summary['out_dir']) / run_dir.LINK} "
+            "| next: ")
     if summary["interrupted"]:
         return line + "the same command with --resume continues the run"
     if args["data_path"] is None:
@@ -643,7 +637,7 @@ def main(argv: list[str] | None = None) -> None:
     if summary["diverged"]:
         what = summary.get("divergence") or f"the run diverged after step {summary['step']}"  # (older summaries)
         fix = "lower --learning_rate, raise --warmup_steps or set --grad_clip"
-        checkpoints = find_checkpoints(Path(args.out_dir))
+        checkpoints = run_dir.find_checkpoints(Path(args.out_dir))
         if checkpoints:
             raise UserError(f"{what}; nothing after it was saved, and the last checkpoint ({checkpoints[0].name}) is "
                             f"kept: {fix}, then continue from it with --resume (or start over with --overwrite)")
