@@ -229,10 +229,10 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     """Reject bad values with one line naming the flag, before anything is loaded or written."""
     fill_device_defaults(args)
     require_positive(args, POSITIVE)
-    arch_fields(args, pick_device(args.device))
     for name in float_flags(build_parser()):
         if getattr(args, name) is not None and not math.isfinite(getattr(args, name)):
             raise UserError(f"--{name} must be a finite number, got {getattr(args, name)}")
+    arch_fields(args, pick_device(args.device))
     for name in NON_NEGATIVE:
         if getattr(args, name) < 0:
             raise UserError(f"--{name} must be >= 0, got {getattr(args, name)}")
