@@ -1,4 +1,4 @@
-"""Data layer: corpus loading and splits, tokenizer, packed token cache, batches, and bad-input errors."""
+"""data/: corpus loading and splits, the tokenizer, the packed token cache, batches, and bad-input errors."""
 
 import io
 import json
@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 import data.token_stream
-from common.cli import UserError, run_cli
+from common.cli import UserError
 from data import (
     DEFAULT_TOKENIZER_DIR,
     VALIDATION_PLAYS,
@@ -31,7 +31,6 @@ from data import (
     tokenizer_fingerprint,
 )
 from model import MiniMindConfig, MiniMindForCausalLM
-from scripts import train_tokenizer as train_tokenizer_script
 from scripts.convert_to_hf import convert
 from trainer.run_dir import save_checkpoint
 
@@ -60,7 +59,7 @@ def test_embedded_corpus_splits_by_play():
     assert [r["text"] for r in load_texts("", "validation", streaming=True)] == list(validation["text"])
 
 
-def test_jsonl_holds_out_every_hundredth_document(tmp_path):
+def test_jsonl_holds_out_every_hundredth_document_and_at_least_one(tmp_path):
     records = [{"content": f"doc {i}", "id": i} for i in range(150)] + [{"content": ""}]
     path = write_jsonl(tmp_path / "docs.jsonl", records)
     train = list(load_texts(path, "train", text_field="content")["text"])
@@ -69,12 +68,9 @@ def test_jsonl_holds_out_every_hundredth_document(tmp_path):
     assert train == [f"doc {i}" for i in range(150) if i % 100]
     streamed = [r["text"] for r in load_texts(path, "train", text_field="content", streaming=True)]
     assert streamed == train
-
-
-def test_two_documents_give_one_validation_document(tmp_path):
-    path = write_jsonl(tmp_path / "two.jsonl", [{"text": "first"}, {"text": "second"}])
-    assert list(load_texts(path, "validation")["text"]) == ["first"]
-    assert list(load_texts(path, "train")["text"]) == ["second"]
+    two = write_jsonl(tmp_path / "two.jsonl", [{"text": "first"}, {"text": "second"}])  # the fewest that split
+    assert list(load_texts(two, "validation")["text"]) == ["first"]
+    assert list(load_texts(two, "train")["text"]) == ["second"]
 
 
 def test_txt_documents_are_paragraphs(tmp_path):
@@ -166,12 +162,6 @@ def test_saved_tokenizer_config_names_a_portable_class(tmp_path, tiny_tokenizer_
         ids = tokenizer(text)["input_ids"]
         assert ids == raw.encode(text).ids and tokenizer.decode(ids) == text
     assert tokenizer.eos_token == EOT
-
-
-def test_tiny_tokenizer_round_trips(tiny_tokenizer, tiny_texts):
-    assert len(tiny_tokenizer) == 400
-    for text in tiny_texts[-3:]:
-        assert tiny_tokenizer.decode(tiny_tokenizer(text)["input_ids"]) == text
 
 
 # --- packed token stream ----------------------------------------------------------------------
@@ -335,71 +325,3 @@ def test_bad_tokenizer_dir(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(UserError, match="cannot load the tokenizer"):
         load_tokenizer(tmp_path)
-
-
-def test_train_tokenizer_cli_bad_input(tmp_path, capsys):
-    out_dir = tmp_path / "out"
-    for bad in (["--data_path", str(tmp_path / "missing.jsonl")], ["--vocab_size", "100"]):
-        with pytest.raises(SystemExit) as stopped:
-            run_cli(lambda bad=bad: train_tokenizer_script.main([*bad, "--out_dir", str(out_dir)]))
-        stderr = capsys.readouterr().err
-        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-        assert stopped.value.code != 0 and len(errors) == 1 and "Traceback" not in stderr
-        assert not out_dir.exists()
-
-
-def test_train_tokenizer_cli(tmp_path, tiny_corpus, capsys):
-    train_tokenizer_script.main(["--data_path", tiny_corpus, "--vocab_size", "300", "--out_dir", str(tmp_path / "tok")])
-    assert capsys.readouterr().out.strip().endswith(f"saved a 300-token tokenizer to {tmp_path / 'tok'}")
-    tokenizer = load_tokenizer(tmp_path / "tok")
-    assert len(tokenizer) == 300 and tokenizer.decode(tokenizer("Full fathom five")["input_ids"]) == "Full fathom five"
-
-
-def test_train_tokenizer_refuses_an_unwritable_out_dir_before_training(tmp_path, tiny_corpus, monkeypatch):
-    monkeypatch.setattr(train_tokenizer_script, "train_tokenizer", lambda *a: pytest.fail("trained first"))
-    (tmp_path / "file").write_text("")
-    with pytest.raises(UserError, match=f"--out_dir {tmp_path / 'file' / 'tok'} is not writable"):
-        train_tokenizer_script.main(["--data_path", tiny_corpus, "--out_dir", str(tmp_path / "file" / "tok")])
-
-
-def test_train_tokenizer_that_cannot_save_is_one_line_and_leaves_the_old_files(tmp_path, tiny_corpus, monkeypatch):
-    out = tmp_path / "tok"
-    out.mkdir()
-    (out / "tokenizer.json").write_text("old")
-
-    def full_disk(tokenizer, path):
-        (Path(path) / "tokenizer.json").write_text("half")
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr(train_tokenizer_script, "save_tokenizer", full_disk)
-    with pytest.raises(UserError, match="cannot write the tokenizer in .*No space left on device"):
-        train_tokenizer_script.main(["--data_path", tiny_corpus, "--vocab_size", "300", "--out_dir", str(out),
-                                     "--overwrite"])
-    assert [(p.name, p.read_text()) for p in out.iterdir()] == [("tokenizer.json", "old")]
-
-
-def test_train_tokenizer_writes_a_new_folder_and_replaces_one_only_when_told(tmp_path, tiny_corpus, monkeypatch,
-                                                                              capsys):
-    monkeypatch.chdir(tmp_path)
-    destinations = []
-    with monkeypatch.context() as patch:  # where the default goes, written nowhere (it was the shipped folder)
-        patch.setattr(train_tokenizer_script, "save", lambda tokenizer, out: destinations.append(out))
-        train_tokenizer_script.main(["--data_path", tiny_corpus, "--vocab_size", "260"])
-    assert destinations == [Path("out/tokenizer")]
-    out = tmp_path / "tok"
-    train_tokenizer_script.main(["--data_path", tiny_corpus, "--vocab_size", "300", "--out_dir", str(out)])
-    shipped = {p.name: p.read_bytes() for p in DEFAULT_TOKENIZER_DIR.iterdir()}
-    with monkeypatch.context() as patch:  # refused before training, so nothing is ever written
-        patch.setattr(train_tokenizer_script, "train_tokenizer", lambda *a: pytest.fail("trained, then refused"))
-        for folder in (out, DEFAULT_TOKENIZER_DIR):
-            capsys.readouterr()
-            with pytest.raises(SystemExit) as stopped:
-                run_cli(lambda folder=folder: train_tokenizer_script.main(["--data_path", tiny_corpus,
-                                                                           "--out_dir", str(folder)]))
-            assert stopped.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
-                f"error: --out_dir {folder} is not empty; pass --overwrite to replace the tokenizer files in it, or "
-                "choose a new --out_dir"]
-    assert {p.name: p.read_bytes() for p in DEFAULT_TOKENIZER_DIR.iterdir()} == shipped
-    assert len(load_tokenizer(out)) == 300
-    train_tokenizer_script.main(["--data_path", tiny_corpus, "--vocab_size", "260", "--out_dir", str(out),
-                                 "--overwrite"])
-    assert len(load_tokenizer(out)) == 260
