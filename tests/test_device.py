@@ -1,5 +1,5 @@
-"""The CUDA path's choices that can be checked without a GPU: the device preset, the MFU peaks by device name,
-which GPU is made current, and the note when a CUDA build finds no usable GPU. tests/test_cuda.py runs on one."""
+"""trainer/device.py and the CUDA path's other choices that can be checked without a GPU: the device preset, which
+GPU is made current, and the note when a CUDA build finds no usable GPU. tests/test_cuda.py runs on one."""
 
 import pytest
 import torch
@@ -7,7 +7,6 @@ import torch
 from trainer import device as device_module
 from trainer import process
 from trainer.args import DEVICE_DEFAULTS
-from trainer.diagnostics import peak_flops, peak_flops_of
 
 
 def test_cuda_preset_fills_a_gpu_and_the_cpu_preset_is_unchanged():
@@ -17,25 +16,6 @@ def test_cuda_preset_fills_a_gpu_and_the_cpu_preset_is_unchanged():
     assert cuda["diag_interval"] >= 100 and cuda["warmup_steps"] < cuda["max_steps"]
     assert cpu == {"hidden_size": 128, "batch_size": 8, "max_steps": 760, "learning_rate": 6e-3, "warmup_steps": 100,
                    "diag_interval": None}
-
-
-@pytest.mark.parametrize("name, tflops", [
-    ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H100 NVL", 835), ("NVIDIA H200", 989),
-    ("NVIDIA H200 NVL", 835), ("NVIDIA A100-SXM4-40GB", 312), ("NVIDIA A100-SXM4-80GB", 312),
-    ("NVIDIA A100-PCIE-40GB", 312), ("NVIDIA A100 80GB PCIe", 312), ("NVIDIA L4", 121), ("NVIDIA L40S", 362),
-    ("NVIDIA GeForce RTX 4090", 165), ("NVIDIA GeForce RTX 3090", 71),
-    # not guessed: MIG slices (a share of the SMs), other cards, variants of a listed name
-    ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", None), ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None),
-    ("NVIDIA GH200 480GB", None), ("NVIDIA GeForce RTX 4090 D", None), ("NVIDIA L40", None), ("Tesla T4", None),
-])
-def test_mfu_peak_by_exact_device_name(name, tflops):
-    peak = peak_flops_of(name)
-    assert (peak and peak / 1e12) == tflops
-
-
-def test_no_peak_off_gpu_or_in_fp32():
-    assert peak_flops(torch.device("cpu"), torch.bfloat16) is None
-    assert peak_flops(torch.device("cuda"), torch.float32) is None
 
 
 def test_cuda_n_becomes_the_current_device(monkeypatch):

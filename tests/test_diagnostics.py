@@ -1,6 +1,7 @@
-"""The per-layer diagnostics on hand-built cases, the hooks that gather them from a real model, and the trainer's
-records of them."""
+"""trainer/diagnostics.py: the per-layer statistics on hand-built cases, the hooks that gather them from a real model
+(every placement, attention gates and sinks), the MFU peaks by device name, and the trainer's records of them."""
 
+import json
 import math
 from argparse import Namespace
 
@@ -8,12 +9,25 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from model import NORM_POSITIONS, QK_NORMS, MiniMindConfig, MiniMindForCausalLM
+from model import NORM_POSITIONS, MiniMindConfig
 from model.model_minimind import QKV_PLACEMENTS, Attention, RotaryEmbedding, apply_rotary
+from tests.tiny import TINY, ids, tiny_model
 from trainer.args import parse_args
-from trainer.diagnostics import block_cosine, layer_stats, massive_activation_ratio, max_attention_logit, rms
+from trainer.diagnostics import (
+    attention_sink_mass,
+    block_cosine,
+    excess_kurtosis,
+    layer_stats,
+    massive_activation_ratio,
+    max_attention_logit,
+    peak_flops,
+    peak_flops_of,
+    rms,
+)
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
+
+H, KV, D = TINY["num_attention_heads"], TINY["num_key_value_heads"], TINY["hidden_size"] // TINY["num_attention_heads"]
 
 
 def test_cosine_of_identical_orthogonal_and_opposite_streams():
@@ -26,12 +40,16 @@ def test_cosine_of_identical_orthogonal_and_opposite_streams():
     assert block_cosine(a, b).item() == pytest.approx(0.5)
 
 
-def test_massive_activation_ratio_finds_one_outlier():
+def test_massive_activation_ratio_and_kurtosis_find_one_outlier():
     x = torch.ones(2, 8, 32)
     assert massive_activation_ratio(x).item() == pytest.approx(1.0)
     x[1, 3, 7] = -1000.0  # sign does not matter: it is a magnitude
     assert massive_activation_ratio(x).item() == pytest.approx(1000.0)
     assert rms(torch.full((3, 4), -2.0)).item() == pytest.approx(2.0)
+    assert excess_kurtosis(torch.tensor([1.0, -1.0] * 50)).item() == pytest.approx(-2.0)  # two points: 1 - 3
+    spike = torch.zeros(1000)
+    spike[0] = 1.0  # one outlier among zeros: kurtosis ~ n
+    assert excess_kurtosis(spike).item() == pytest.approx(1000 - 2 - 3 + 1 / 999, rel=1e-3)
 
 
 def test_max_attention_logit_counts_only_causal_pairs_and_groups_heads():
@@ -65,61 +83,71 @@ def test_max_attention_logit_of_an_attention_layer_with_known_weights():
     assert max_attention_logit(*attention.project_qk(x, rope)[:2]).item() == pytest.approx(10 * expected, rel=1e-5)
 
 
-def tiny_model(**overrides) -> MiniMindForCausalLM:
-    torch.manual_seed(0)
-    config = MiniMindConfig(**{"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
-                               "num_key_value_heads": 2, **overrides})
-    return MiniMindForCausalLM(config)
+def test_attention_sink_mass_on_hand_built_cases():
+    # q = 0: every logit is 0, so query t (0-based) spreads evenly over its t + 1 keys and the sink
+    seq = 5
+    q, k = torch.zeros(2, H, seq, D), torch.randn(2, KV, seq, D)
+    first, sink = attention_sink_mass(q, k, torch.zeros(H)).tolist()
+    expected = sum(1 / (t + 2) for t in range(1, seq)) / (seq - 1)
+    assert first == pytest.approx(expected) and sink == pytest.approx(expected)
+    first, sink = attention_sink_mass(q, k).tolist()  # no sinks: 1 / (t + 1), nothing on a sink
+    assert first == pytest.approx(sum(1 / (t + 1) for t in range(1, seq)) / (seq - 1)) and sink == 0
 
 
-def test_layer_stats_match_a_direct_computation_for_pre_norm():
-    model = tiny_model()
-    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
-    stats = layer_stats(model, ids)
+def test_layer_stats_match_a_direct_computation_with_a_gate_and_sinks():
+    model = tiny_model(attn_sinks=True, attn_gate="elementwise").train()
+    x = ids()
+    stats = layer_stats(model, x)
+    layers = model.model.layers
     with torch.no_grad():
-        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
+        hidden = model(x, output_hidden_states=True).hidden_states
         cos, sin = model.model.rotary_emb(torch.arange(12)[None], torch.float32)
-        layers = model.model.layers
         for i, layer in enumerate(layers):
-            x = hidden[i]
+            h = hidden[i]
             # the last block's output is not in hidden_states (the final norm follows it): recompute it
-            out = hidden[i + 1] if i + 1 < len(layers) else layer(x, (cos, sin), None)
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(2, 12, 4, 8).transpose(1, 2)
-            k = attn.k_proj(h).view(2, 12, 2, 8).transpose(1, 2).repeat_interleave(2, dim=1)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            logits = (q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(torch.ones(12, 12).triu(1).bool(), -1e9)
+            out = hidden[i + 1] if i + 1 < len(layers) else layer(h, (cos, sin), None)
+            n = layer.input_layernorm(h)
+            q = layer.self_attn.q_proj(n).view(2, 12, H, 2 * D)[..., :D].transpose(1, 2)  # the gate half dropped
+            k = layer.self_attn.k_proj(n).view(2, 12, KV, D).transpose(1, 2)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin).repeat_interleave(H // KV, 1)
+            logits = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(torch.ones(12, 12).triu(1).bool(), -math.inf)
+            sinks = layer.self_attn.sinks.view(1, H, 1, 1).expand(2, H, 12, 1)
+            probs = torch.cat([logits, sinks], -1).softmax(-1)[:, :, 1:]  # the queries that have a choice
             assert stats["max_attn_logit"][i] == pytest.approx(logits.max().item(), rel=1e-5)
-            assert stats["residual_rms"][i] == pytest.approx(x.pow(2).mean().sqrt().item(), rel=1e-5)
-            cosines = (x * out).sum(-1) / (x.norm(dim=-1) * out.norm(dim=-1))
+            assert stats["attn_first_token"][i] == pytest.approx(probs[..., 0].mean().item(), rel=1e-5)
+            assert stats["attn_sink_share"][i] == pytest.approx(probs[..., -1].mean().item(), rel=1e-5)
+            assert stats["residual_rms"][i] == pytest.approx(h.pow(2).mean().sqrt().item(), rel=1e-5)
+            cosines = (h * out).sum(-1) / (h.norm(dim=-1) * out.norm(dim=-1))
             assert stats["block_cosine"][i] == pytest.approx(cosines.mean().item(), rel=1e-5)
-            assert stats["massive_activation"][i] == pytest.approx((x.abs().max() / x.abs().median()).item(), rel=1e-5)
+            assert stats["massive_activation"][i] == pytest.approx((h.abs().max() / h.abs().median()).item(), rel=1e-5)
+            s = h.flatten().double()
+            kurtosis = ((s - s.mean()) ** 4).mean() / ((s - s.mean()) ** 2).mean() ** 2 - 3
+            assert stats["excess_kurtosis"][i] == pytest.approx(kurtosis.item(), rel=1e-5, abs=1e-6)
     assert model.training and not any(block._forward_hooks or block.self_attn._forward_pre_hooks for block in layers)
+    assert "attn_sink_share" not in layer_stats(tiny_model(), x)  # only where sinks exist
 
 
 def test_layer_stats_leave_batchnorm_running_statistics_alone():
-    model = tiny_model(norm_type="batchnorm")
+    model = tiny_model(perturb=False, norm_type="batchnorm").train()
     before = {name: b.clone() for name, b in model.named_buffers()}
-    layer_stats(model, torch.randint(0, 64, (2, 12)))
+    layer_stats(model, ids())
     assert model.training and all(torch.equal(b, before[name]) for name, b in model.named_buffers())
-    model(input_ids=torch.randint(0, 64, (2, 12)))  # a training-mode forward does move them: the check has teeth
+    model(input_ids=ids())  # a training-mode forward does move them: the check has teeth
     assert not all(torch.equal(b, before[name]) for name, b in model.named_buffers())
 
 
-@pytest.mark.parametrize("position,qk_norm", [(p, q) for p in NORM_POSITIONS for q in QK_NORMS
+@pytest.mark.parametrize("position,qk_norm", [(p, q) for p in NORM_POSITIONS for q in ("none", "head", "proj")
                                               if p not in QKV_PLACEMENTS or q == "head"])  # HybridNorm needs head
 def test_layer_stats_read_what_attention_sees_in_every_placement(position, qk_norm):
     """The hook must see the attention's real input: the block input itself where the placement has no norm
     before attention (post, reorder, deepnorm, Mix-LN's Post blocks), else that norm's output (times LayerNorm
     Scaling's factor). With unit-gain per-head QK-norm every logit is at most sqrt(head_dim)."""
     scaling = "depth" if position in ("pre", "mix") else "none"
-    model = tiny_model(norm_position=position, qk_norm=qk_norm, norm_scaling=scaling, mix_ln_fraction=0.5,
-                       num_hidden_layers=4, v_norm="head" if position in QKV_PLACEMENTS else "none")
-    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(2))
-    stats = layer_stats(model, ids)
+    model = tiny_model(perturb=False, norm_position=position, qk_norm=qk_norm, norm_scaling=scaling,
+                       mix_ln_fraction=0.5, v_norm="head" if position in QKV_PLACEMENTS else "none").train()
+    stats = layer_stats(model, ids(seed=2))
     with torch.no_grad():
-        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
+        hidden = model(input_ids=ids(seed=2), output_hidden_states=True).hidden_states
         rope = model.model.rotary_emb(torch.arange(12)[None], torch.float32)
         for i, block in enumerate(model.model.layers):
             h = hidden[i]
@@ -128,35 +156,57 @@ def test_layer_stats_read_what_attention_sees_in_every_placement(position, qk_no
             expected = max_attention_logit(*block.self_attn.project_qk(h, rope)[:2]).item()
             assert stats["max_attn_logit"][i] == pytest.approx(expected, rel=1e-5), i
             if qk_norm == "head":  # per-head RMS 1 (proj normalizes all heads together: no per-head bound)
-                assert stats["max_attn_logit"][i] <= math.sqrt(8) + 1e-4
+                assert stats["max_attn_logit"][i] <= math.sqrt(D) + 1e-4
         assert stats["residual_rms"] == pytest.approx([rms(x).item() for x in hidden[:4]], rel=1e-5)
 
 
-def test_layer_stats_between_steps_do_not_retrace_a_compiled_model():
+def test_layer_stats_between_steps_do_not_retrace_a_compiled_model(fresh_dynamo):
     """The trainer compiles the model but takes the statistics from the raw one: no new graph at log steps."""
     torch._dynamo.reset()
     counters.clear()
-    raw = tiny_model(qk_norm="head")
+    raw = tiny_model(perturb=False, qk_norm="head").train()
     compiled = torch.compile(raw, backend="eager")  # Dynamo's tracing and guards, without the C++ compile
-    ids = torch.randint(0, 64, (2, 8))
+    x = ids(seq=8)
     for step in range(4):
-        compiled(input_ids=ids, shift_labels=ids).loss.backward()
+        compiled(input_ids=x, shift_labels=x).loss.backward()
         if step % 2:
-            layer_stats(raw, ids)
+            layer_stats(raw, x)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("name, tflops", [
+    ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H100 NVL", 835), ("NVIDIA H200", 989),
+    ("NVIDIA H200 NVL", 835), ("NVIDIA A100-SXM4-40GB", 312), ("NVIDIA A100-SXM4-80GB", 312),
+    ("NVIDIA A100-PCIE-40GB", 312), ("NVIDIA A100 80GB PCIe", 312), ("NVIDIA L4", 121), ("NVIDIA L40S", 362),
+    ("NVIDIA GeForce RTX 4090", 165), ("NVIDIA GeForce RTX 3090", 71),
+    # not guessed: MIG slices (a share of the SMs), other cards, variants of a listed name
+    ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", None), ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None),
+    ("NVIDIA GH200 480GB", None), ("NVIDIA GeForce RTX 4090 D", None), ("NVIDIA L40", None), ("Tesla T4", None),
+])
+def test_mfu_peak_by_exact_device_name(name, tflops):
+    peak = peak_flops_of(name)
+    assert (peak and peak / 1e12) == tflops
+
+
+def test_no_peak_off_gpu_or_in_fp32():
+    assert peak_flops(torch.device("cpu"), torch.bfloat16) is None
+    assert peak_flops(torch.device("cuda"), torch.float32) is None
 
 
 def test_trainer_logs_every_diagnostic_per_layer(tmp_path, tiny_flags_drawing_layers, monkeypatch):
     monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
     args: Namespace = parse_args([
-        *tiny_flags_drawing_layers, "--num_hidden_layers", "3", "--max_seq_len", "16", "--batch_size", "2", "--eval_steps", "1",
-        "--max_steps", "4", "--log_interval", "2", "--eval_interval", "4", "--out_dir", str(tmp_path / "run")])
+        *tiny_flags_drawing_layers, "--num_hidden_layers", "3", "--max_seq_len", "16", "--batch_size", "2",
+        "--eval_steps", "1", "--max_steps", "4", "--log_interval", "2", "--eval_interval", "4",
+        "--attn_gate", "headwise", "--attn_sinks", "--out_dir", str(tmp_path / "run")])
     assert not train(args)["diverged"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["variant"] == "pre+gate_head+sinks-rmsnorm"
     logged = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in logged] == [2, 4]
     for record in logged:
         for key in ("residual_rms", "layer_grad_norm", "block_cosine", "max_attn_logit", "massive_activation",
-                    "excess_kurtosis", "attn_first_token"):
+                    "excess_kurtosis", "attn_first_token", "attn_sink_share"):
             assert len(record[key]) == 3 and all(math.isfinite(v) for v in record[key]), key
         assert all(-1 <= c <= 1 for c in record["block_cosine"]) and all(m >= 1 for m in record["massive_activation"])
+        assert all(0 < a + s <= 1 for a, s in zip(record["attn_first_token"], record["attn_sink_share"], strict=True))
     assert (tmp_path / "run" / "layers.png").stat().st_size > 0

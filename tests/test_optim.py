@@ -1,12 +1,12 @@
-"""--optimizer muon: which parameters Muon gets, the skipped step, the schedule, exact resume and DDP; the
-trainer-level divergence and float16 tests run with both optimizers in test_train_loop.py."""
+"""trainer/optim.py: weight decay on norm gains; --optimizer muon: which parameters Muon gets, the skipped step, the
+schedule, exact resume and DDP; the trainer-level divergence and float16 tests run with both optimizers in
+test_train_loop.py."""
 
 import re
 
 import pytest
 import torch
 
-from model import MiniMindConfig, MiniMindForCausalLM
 from study.variants import VARIANTS, variant_fields, variant_problem
 from tests import test_trainer
 from tests.test_trainer import (
@@ -16,12 +16,27 @@ from tests.test_trainer import (
     train_in_process,
     train_two_ranks,
 )
-from tests.tiny import TINY, ids, tiny_model
+from tests.tiny import ids, tiny_model
 from trainer.optim import MuonWithAdamW, build_optimizer, step_unless
 
 env, tiny_args = test_trainer.env, test_trainer.tiny_args  # the training tests' fixtures, shared
 
 MUON_NAME = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight")
+
+
+@pytest.mark.parametrize("norm_type", ["rmsnorm", "ssnorm", "layernorm"])
+def test_norm_weight_decay_pulls_a_gain_to_zero_and_a_one_plus_w_gain_to_one(norm_type):
+    """One AdamW step with a zero gradient: only the decay moves anything, and only with --norm_weight_decay."""
+    lr, decay = 0.1, 0.5
+    for norm_gain, on, expected in (("w", False, 1.0), ("w", True, 1 - lr * decay), ("one_plus_w", True, 1.0)):
+        model = tiny_model(perturb=False, norm_type=norm_type, norm_gain=norm_gain)
+        optimizer = build_optimizer(model, lr=lr, weight_decay=decay, norm_weight_decay=on)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        weight = model.model.layers[0].input_layernorm.weight.detach()
+        gain = 1 + weight if norm_gain == "one_plus_w" else weight
+        torch.testing.assert_close(gain, torch.full_like(gain, expected), rtol=0, atol=1e-7)
 
 
 def split(model, **kw) -> tuple[dict[str, torch.Tensor], list[dict]]:
@@ -33,9 +48,15 @@ def split(model, **kw) -> tuple[dict[str, torch.Tensor], list[dict]]:
     return muon, optimizer.adamw.param_groups
 
 
-@pytest.mark.parametrize("variant", [v for v in VARIANTS if not variant_problem(v)])
+# every kind of parameter a variant can have: each norm type's (under pre), each placement's and switch's (with
+# RMSNorm), and those of the setups named whole
+KINDS_OF_PARAMETERS = [name for name in VARIANTS if not variant_problem(name)
+                       and (name.startswith("pre-") or name.endswith("-rmsnorm") or "-" not in name)]
+
+
+@pytest.mark.parametrize("variant", KINDS_OF_PARAMETERS)
 def test_muon_gets_the_block_matrices_and_adamw_everything_else(variant):
-    model = MiniMindForCausalLM(MiniMindConfig(**{**TINY, "num_hidden_layers": 2}, **variant_fields(variant)))
+    model = tiny_model(perturb=False, num_hidden_layers=2, **variant_fields(variant))
     muon, adamw = split(model)
     # exactly the seven projections of every block, all matrices
     assert sorted(muon) == sorted(n for n, _ in model.named_parameters() if MUON_NAME.fullmatch(n))
@@ -46,7 +67,7 @@ def test_muon_gets_the_block_matrices_and_adamw_everything_else(variant):
     assert len(in_adamw) + len(muon) == len(everything)
     assert {id(p) for p in in_adamw} | {id(p) for p in muon.values()} == {id(p) for p in everything}
     assert not {id(p) for p in in_adamw} & {id(p) for p in muon.values()}
-    # decay as before: the tied embedding, norms and scalars (sinks, ReZero's scales, DyT's alpha) are not decayed
+    # decay: the tied embedding, norms and scalars (sinks, ReZero's scales, DyT's alpha) are not decayed
     decayed = {id(p) for group in adamw if group["weight_decay"] for p in group["params"]}
     assert not decayed  # with a tied lm_head, every decayed matrix is Muon's
 

@@ -1,13 +1,13 @@
-"""The tiny model the model-level tests share (test_model, test_norm_plan, test_norm_zoo2,
-test_attention_gates_sinks): its config, an instance with every weight moved off its initial value, token ids and
-the bf16-autocast check; the checkpoints saved by the first release and how their logits are compared. The
-training tests' tiny model is a set of trainer flags, in conftest.py."""
+"""The tiny model the model-level tests share: its config, an instance with every weight moved off its initial value,
+the config fields of a placement, token ids; the checkpoints saved by the first release and how their logits are
+compared. The training tests' tiny model is a set of trainer flags, in conftest.py."""
 
 from pathlib import Path
 
 import torch
 
 from model import MiniMindConfig, MiniMindForCausalLM
+from model.model_minimind import QKV_PLACEMENTS
 
 TINY = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4)
 
@@ -24,6 +24,25 @@ def tiny_model(seed=0, perturb=True, **overrides) -> MiniMindForCausalLM:
     return model
 
 
+def with_weights_of(source: MiniMindForCausalLM, **overrides) -> MiniMindForCausalLM:
+    """A model of another config (TINY with overrides) holding source's weights, strictly: the same names and
+    shapes."""
+    target = MiniMindForCausalLM(MiniMindConfig(**{**TINY, **overrides})).eval()
+    target.load_state_dict(source.state_dict())
+    return target
+
+
+def placed(position, **overrides) -> dict:
+    """Config fields for a placement; HybridNorm's placements come with the per-head q, k and v norms they
+    require."""
+    qkv = {"qk_norm": "head", "v_norm": "head"} if position in QKV_PLACEMENTS else {}
+    return {"norm_position": position, **overrides, **qkv}
+
+
+def ids(batch=2, seq=12, seed=1) -> torch.Tensor:
+    return torch.randint(0, TINY["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
 # Checkpoints saved by the model's first release (pre/post x every norm type), each with the logits it gave then.
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoints_v1"
 
@@ -33,17 +52,3 @@ def assert_saved_logits(actual: torch.Tensor, saved: torch.Tensor) -> None:
     AVX-512, AMX) differ from the recording CPU's by up to 5e-7 on these logits (|x| <= 2), while a real change to
     the model, even dividing RMSNorm's or LayerNorm's eps by 10, moves them by 5e-5 or more."""
     torch.testing.assert_close(actual, saved, rtol=2e-6, atol=1e-6)
-
-
-def ids(batch=2, seq=12, seed=1) -> torch.Tensor:
-    return torch.randint(0, TINY["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(seed))
-
-
-def assert_bf16_autocast_trains(model) -> None:
-    """A bf16-autocast forward and backward gives a finite loss and a finite gradient for every parameter."""
-    x = ids(seq=16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model(x[:, :-1], shift_labels=x[:, 1:])
-    out.loss.backward()
-    assert torch.isfinite(out.loss)
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

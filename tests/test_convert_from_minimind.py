@@ -1,5 +1,6 @@
 """scripts/convert_from_minimind.py: MiniMind2 / MiniMind-3 state dicts, built from this repository's own model under
-the key names MiniMind's published code uses, come back as checkpoints that compute exactly the same logits."""
+the key names MiniMind's published code uses, come back as checkpoints that compute exactly the same logits and
+generate the same tokens with and without the KV cache; bad files are refused in one line."""
 
 import math
 import sys
@@ -70,6 +71,21 @@ def test_import_gives_exactly_the_same_logits(tmp_path, tiny_tokenizer_dir, vers
         source.load_state_dict({k: v.float() for k, v in state.items()})  # the values the .pth holds
         ids = torch.randint(0, len(tokenizer), (2, 24), generator=torch.Generator().manual_seed(1))
         assert torch.equal(imported(ids).logits, source(ids).logits)
+
+
+def test_imported_minimind3_generates_the_same_tokens_with_and_without_the_cache(tmp_path, tiny_tokenizer_dir):
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    save_pth(minimind_model(tokenizer, "3"), tmp_path / "pretrain_64.pth", torch.float32)
+    convert_from_minimind.convert(tmp_path / "pretrain_64.pth", tiny_tokenizer_dir, tmp_path / "out")
+    imported, _ = load(tmp_path / "out")
+    prompt = torch.tensor([[tokenizer.bos_token_id, *tokenizer.encode("Full fathom five")]])
+    cached, uncached = (imported.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=None,
+                                          use_cache=use_cache) for use_cache in (True, False))
+    looped = prompt
+    with torch.no_grad():
+        for _ in range(8):
+            looped = torch.cat([looped, imported(looped).logits[:, -1:].argmax(-1)], 1)
+    assert cached.tolist() == uncached.tolist() == looped.tolist()
 
 
 def test_untied_minimind3_resume_file_stays_untied_and_exports(tmp_path, tiny_tokenizer_dir):
