@@ -352,7 +352,7 @@ def check_resumable(state: dict, config: MiniMindConfig, args, data: dict, world
         if given is not None and given != getattr(config, field):
             raise UserError(f"--resume: the checkpoint's model has --{flag} {getattr(config, field)}, not {given}; "
                             "pass the same value (or start a new --out_dir for another model)")
-    recorded = state["data"] or data
+    recorded = state["data"] or data  # (a checkpoint without a fingerprint had its data flags compared above)
     if recorded["tokenizer"] != data["tokenizer"]:
         raise UserError(f"--resume: --tokenizer_path {args.tokenizer_path or 'default'} is not the tokenizer the "
                         "checkpoint was trained with (a copy of that one is in the checkpoint folder); pass it, "
@@ -403,8 +403,8 @@ def state_with_defaults(state: dict, vocab_size: int) -> dict:
     """A checkpoint's training state with each field it lacks (one added since STATE_KEYS) as the run had it."""
     defaults = {
         "compile_time": 0.0, "untimed_steps": 0,  # before the warm-up step was timed apart: none was
-        "start_loss": math.log(vocab_size),  # before the first loss was kept: divergence is measured from ln V
-        "lowest_loss": math.inf, "spiked": False,
+        # before the divergence checks kept what they had seen: measured from ln V, as if nothing had been
+        "start_loss": math.log(vocab_size), "lowest_loss": math.inf, "spiked": False,
         # before the loss window was kept: a new one starts, so the first record after the resume covers fewer steps
         "window": {"loss_sums": [0.0] * len(state["sampler"]), "steps": 0, "untimed": 0, "start": state["train_time"]},
         "data": None,  # before data fingerprints: see data_flags_to_match
