@@ -40,8 +40,8 @@ from common.fs import (
     write_file_atomically,
 )
 from data import PackedTokens, save_tokenizer, tokenizer_fingerprint
-from model import MiniMindConfig, MiniMindForCausalLM
-from model.model_minimind import QKV_PLACEMENTS
+from model import SWITCHES, MiniMindConfig, MiniMindForCausalLM
+from model.model_minimind import with_implied
 from trainer.tracking import read_metrics
 
 LOCK_FILE = ".lock"
@@ -379,11 +379,16 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
 # Each thing a newer trainer records that an older one did not, and what stands in for it when such a run is
 # read or resumed: always the behaviour the run had.
 
+def implied_by_record(field: str):
+    """A switch whose default the config derives from others (HybridNorm's QKV-norm from its placement), as it
+    derives it from a record's switches."""
+    return lambda saved: getattr(with_implied({s.name: saved[s.flag_name] for s in SWITCHES if s.flag_name in saved}),
+                                 field)
+
+
 # Flags added since a run was recorded whose default depends on other flags: the value the run had in effect.
 RECORDED_BEFORE = {"diag_interval": lambda saved: saved.get("log_interval"),
-                   # HybridNorm's q, k and v norms were set explicitly; every other placement had none
-                   **dict.fromkeys(("qk_norm", "v_norm"), lambda saved: "head" if saved.get("norm_position")
-                                   in QKV_PLACEMENTS else "none")}
+                   **{s.flag_name: implied_by_record(s.name) for s in SWITCHES if s.default is None}}
 
 
 def recorded_value(saved: dict, flag: str):
