@@ -175,7 +175,7 @@ class BatchNorm(nn.BatchNorm1d):
     included, so a token's output depends on the future of its own sequence and on the other sequences in the
     batch: the causal mask is broken and the training loss is not the loss the model will see when it
     generates. In eval mode it uses running averages instead, so the same text gives other logits than in
-    training. That contrast is what it is here to show (tests/test_norm_plan.py checks the leak).
+    training. That contrast is what it is here to show (tests/test_norms.py checks the leak).
     """
 
     def __init__(self, dim: int, eps: float = 1e-5, one_plus_w: bool = False):
