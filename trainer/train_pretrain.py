@@ -147,6 +147,8 @@ def train(args) -> dict:
     """Run one training job and return its summary: the outcome on every rank, all the numbers on rank 0 (which
     also writes them to out_dir/summary.json). Rank 0 owns out_dir meanwhile (see trainer/run_dir.py)."""
     rank, world_size, device = setup_distributed(args.device, args.dist_timeout)
+    if device.type == "cpu":  # subnormal floats run ~7x slower on CPUs; only a run stuck at a plateau makes them
+        torch.set_flush_denormal(True)  # (docs/training.md: healthy runs are bit-identical either way)
     hf_logging.disable_progress_bar()  # save_pretrained's per-save "Writing model shards" bar would bury the log
     interrupts = InterruptGuard()
     try:
