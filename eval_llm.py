@@ -53,7 +53,6 @@ DEFAULT_SEQ_LEN = 256
 @dataclass(frozen=True)
 class Sampling:
     """How continuations are drawn; the defaults are the CLI's. temperature 0 means greedy."""
-
     max_new_tokens: int = 100
     temperature: float = 0.8
     top_p: float = 0.9
@@ -66,16 +65,11 @@ class Sampling:
 @dataclass
 class Result:
     """One checkpoint's part of a comparison: its label, norm variant, continuations and held-out metrics."""
-
     name: str
     variant: str
     continuations: list[str]
     metrics: dict | None = None
     error: str | None = None  # why it could not be loaded; then it has no continuations or metrics
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Loading
 
 
 def autocast_for(device: torch.device):
@@ -86,19 +80,18 @@ def autocast_for(device: torch.device):
 def load(path, tokenizer_path=None, device="cpu"):
     """(model, tokenizer) from a model directory or run directory (see read_model_dir: checked against its
     manifest, falling back to the newest intact checkpoint of a run), the model on device in eval mode."""
-    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
+    given_tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
 
     def read(model_dir: Path):
-        own = None
+        tokenizer = given_tokenizer
         if tokenizer is None:  # read with the weights: a later read could find the folder replaced
             if not (model_dir / "tokenizer.json").is_file():
                 raise UserError(f"{model_dir}: has no tokenizer.json; pass the model's tokenizer with --tokenizer_path")
-            own = load_tokenizer(model_dir)
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True), own
+            tokenizer = load_tokenizer(model_dir)
+        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+        return lm, tokenizer
 
-    _, (lm, own) = read_model_dir(Path(path), read)
-    if tokenizer is None:
-        tokenizer = own
+    _, (lm, tokenizer) = read_model_dir(Path(path), read)
     # The trainer sizes a MiniMind vocabulary to its tokenizer exactly, so any difference means the wrong one.
     # Other models may pad their vocabulary; there only a tokenizer with ids the model cannot embed is refused.
     exact = lm.config.model_type == "minimind"
@@ -111,8 +104,7 @@ def load(path, tokenizer_path=None, device="cpu"):
 def display_name(path) -> str:
     """A short label: the run folder's name, also when the path points into it (out/run/checkpoint)."""
     path = Path(path).absolute()
-    is_inner = path.name == LINK or path.name.startswith("step-")
-    return path.parent.name if is_inner else path.name
+    return path.parent.name if path.name == LINK or path.name.startswith("step-") else path.name
 
 
 # What scripts/convert_to_hf.py exports, in model.norm_variant's terms.
@@ -124,10 +116,6 @@ def variant_of(config) -> str:
     if config.model_type == "minimind":
         return norm_variant(config)
     return HF_VARIANTS.get(config.model_type, "?")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Generation
 
 
 def encode_prompt(tokenizer, prompt: str, context: int, max_new_tokens: int) -> torch.Tensor:
@@ -147,10 +135,8 @@ def encode_prompt(tokenizer, prompt: str, context: int, max_new_tokens: int) -> 
 @torch.no_grad()
 def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(), stream: bool = False) -> str:
     """The continuation of prompt (without the prompt), printed to stdout as it is produced when stream is set.
-
     The seed is set for every prompt, so a continuation does not depend on what was generated before it and
-    several checkpoints draw with the same random numbers.
-    """
+    several checkpoints draw with the same random numbers."""
     ids = encode_prompt(tokenizer, prompt, lm.config.max_position_embeddings, sampling.max_new_tokens)
     ids = ids.to(lm.device)
     options = {"max_new_tokens": sampling.max_new_tokens, "repetition_penalty": sampling.repetition_penalty,
@@ -169,14 +155,11 @@ def utf8_prompt(prompt: str) -> str:
     """The prompt with bytes that are not UTF-8 replaced by U+FFFD, with a warning. Python hands such bytes over
     (from the command line, or a terminal read with surrogateescape) as lone surrogates, which no tokenizer
     encodes."""
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:
-        repaired = prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    repaired = prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if repaired != prompt:
         print(f"warning: prompt {repaired!r} is not valid UTF-8; its undecodable bytes are read as U+FFFD",
               file=sys.stderr)
-        return repaired
-    return prompt
+    return repaired
 
 
 def read_prompts():
@@ -193,19 +176,13 @@ def read_prompts():
         yield utf8_prompt(prompt)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Held-out evaluation
-
-
 def evaluate_split(lm, tokenizer, data_path: str | None = "default", text_field: str = "text",
                    batch_size: int = 8, seq_len: int | None = None, max_batches: int | None = None,
                    progress: bool = False) -> dict:
-    """Mean loss per token, perplexity and bits per byte on the validation split of data_path.
-
-    The split is read in consecutive non-overlapping windows of seq_len (default min(256, the model's
-    context)) tokens, all of them unless max_batches limits it, by the trainer's own evaluate(). Bits per byte
-    use the whole split's bytes per token, also when only its first batches are evaluated.
-    """
+    """Mean loss per token, perplexity and bits per byte on the validation split of data_path, read in
+    consecutive non-overlapping windows of seq_len (default min(256, the model's context)) tokens, all of them
+    unless max_batches limits it, by the trainer's own evaluate(). Bits per byte use the whole split's bytes
+    per token, also when only its first batches are evaluated."""
     context = lm.config.max_position_embeddings
     seq_len = seq_len or min(DEFAULT_SEQ_LEN, context)
     if seq_len > context:
@@ -216,27 +193,20 @@ def evaluate_split(lm, tokenizer, data_path: str | None = "default", text_field:
     steps = max_batches if max_batches is not None and max_batches * batch_size < windows else None
     loss = evaluate(lm, split.tokens, batch_size, seq_len, steps, lm.device, autocast_for(lm.device),
                     progress)
-    evaluated = windows if steps is None else steps * batch_size
     try:
         ppl = math.exp(loss)
     except OverflowError:  # a loss above ~709 nats (a diverged model) has a perplexity beyond any float
         ppl = math.inf
     return {"loss": loss, "ppl": ppl, "bpb": bits_per_byte(loss, split.bytes_per_token),
-            "tokens": evaluated * seq_len}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Comparison
+            "tokens": (windows if steps is None else steps * batch_size) * seq_len}
 
 
 def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu", tokenizer_path=None,
             eval_kwargs: dict | None = None) -> list[Result]:
     """Every prompt through every checkpoint with the same seed, plus evaluate_split(**eval_kwargs) if given.
-
     Checkpoints are loaded one at a time, so a long list of them never has to fit in memory together. One that
     cannot be loaded (a run that diverged before its first save has none) is named in a warning and kept as a
-    Result with its error, so a study's other runs are still compared; a UserError when none loads.
-    """
+    Result with its error, so a study's other runs are still compared; a UserError when none loads."""
     names = [display_name(p) for p in paths]
     if len(set(names)) < len(names):  # e.g. a/seed0 and b/seed0: only the full paths tell them apart
         names = [str(p) for p in paths]
@@ -277,10 +247,6 @@ def format_metrics_table(results: list[Result]) -> str:
                         f"{r.metrics['bpb']:.4f}") for r in results]
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Command line
 
 
 def build_parser() -> argparse.ArgumentParser:
