@@ -55,13 +55,7 @@ from model.norms import NORM_MODULES
 from trainer import run_dir
 from trainer.args import arch_fields, parse_args
 from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, resolve_dtype
-from trainer.diagnostics import (
-    block_grad_norms,
-    flops_per_token,
-    layer_stats,
-    peak_flops,
-    peak_memory_mb,
-)
+from trainer.diagnostics import block_grad_norms, flops_per_token, layer_stats, peak_flops, peak_memory_mb
 from trainer.evaluation import evaluate
 from trainer.memory import require_model_fits, require_step_fits
 from trainer.optim import MuonWithAdamW, build_optimizer, lr_at, step_unless
@@ -133,11 +127,11 @@ def val_divergence(loss: float, step: int, start: float, lowest: float, spiked: 
     uniform = math.log(vocab_size)
     if not math.isfinite(loss):  # finite weights whose forward overflows
         return f"the validation loss was {loss} at step {step}"
-    reference = blown_up(loss, start, vocab_size)
-    if reference:
+    if reference := blown_up(loss, start, vocab_size):
         return f"the validation loss blew up to {loss:.4g} at step {step}, {reference}"
-    if (lowest <= uniform - LEARNED or spiked) and abs(loss - uniform) < COLLAPSE_TOL:
-        before = f"after it had been down to {lowest:.3f}" if lowest <= uniform - LEARNED else "after a spike"
+    learned = lowest <= uniform - LEARNED
+    if (learned or spiked) and abs(loss - uniform) < COLLAPSE_TOL:
+        before = f"after it had been down to {lowest:.3f}" if learned else "after a spike"
         return (f"the validation loss collapsed to {loss:.4f} at step {step}, the loss of a uniform guess "
                 f"(ln {vocab_size}), {before}")
     return None
@@ -167,7 +161,6 @@ def train(args) -> dict:
         interrupts.restore()
 
 
-# ---------------------------------------------------------------------------------------------------------
 # The run in phases: run_training() calls them in order; each reads the Job and moves the TrainState on.
 
 
@@ -248,7 +241,10 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
     splits = load_splits(job)
     state = start_or_resume(job, config, splits)
     if state.step >= args.max_steps and (job.out_dir / "summary.json").is_file():
-        return finished_summary(job, state)
+        # a resumed run with nothing left to train: its summary stays as it is
+        if job.master:
+            return json.loads((job.out_dir / "summary.json").read_text())
+        return {"step": state.step, "max_steps": args.max_steps, "diverged": False, "interrupted": False}
     costs = account(job, state.raw_model)
     tracker = open_tracking(job, splits, state, costs) if job.master else None
     train_loop(job, splits, state, costs, tracker)
@@ -315,13 +311,6 @@ def start_or_resume(job: Job, config: MiniMindConfig | None, splits: Splits) -> 
     return state
 
 
-def finished_summary(job: Job, state: TrainState) -> dict:
-    """A resumed run with nothing left to train: its summary stays as it is."""
-    if job.master:
-        return json.loads((job.out_dir / "summary.json").read_text())
-    return {"step": state.step, "max_steps": job.args.max_steps, "diverged": False, "interrupted": False}
-
-
 def account(job: Job, raw_model: MiniMindForCausalLM) -> Accounting:
     """Count the model and price its step; refuse a step that cannot fit in the device's memory."""
     args, cfg = job.args, raw_model.config
@@ -378,10 +367,10 @@ def open_tracking(job: Job, splits: Splits, state: TrainState, costs: Accounting
 def save(job: Job, splits: Splits, state: TrainState, tracker: Tracker | None) -> None:
     """A checkpoint of the run at state.step (on every rank, since each sends its sampler's position and its
     share of the window's loss)."""
-    ranks = [(state.sampler.state_dict(), state.window.loss.item())]  # every rank's, so each draws its own
-    if job.world_size > 1:  # batches after a resume
-        ranks = [None] * job.world_size
-        dist.all_gather_object(ranks, (state.sampler.state_dict(), state.window.loss.item()))
+    own = (state.sampler.state_dict(), state.window.loss.item())
+    ranks = [own] * job.world_size  # every rank's, so that each draws its own batches after a resume
+    if job.world_size > 1:
+        dist.all_gather_object(ranks, own)
     window = state.window
     if job.master:
         run_dir.save_checkpoint(job.out_dir, state.raw_model, job.tokenizer, {
@@ -539,15 +528,15 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
                     pbar.set_postfix(loss=f"{window_mean:.3f}", lr=f"{lr:.1e}",
                                      tok_s=f"{tokens_per_s:.0f}" if tokens_per_s else "-")
                 state.window = Window(torch.zeros((), device=device), start=state.train_time)
-            if eval_now and not state.divergence:
+            if eval_now:
                 state.last_val = run_eval(job, splits, state, costs, tracker)
                 val_loss = state.last_val["loss"]
                 state.divergence = val_divergence(val_loss, state.step, state.start_loss, state.lowest_loss,
                                                   state.spiked, vocab_size)
                 state.lowest_loss = min(state.lowest_loss, val_loss)
-            if state.divergence:  # finite, but no longer a model worth a checkpoint
-                state.diverged = True
-                break
+                if state.divergence:  # finite, but no longer a model worth a checkpoint
+                    state.diverged = True
+                    break
             if save_now or state.interrupted:
                 save(job, splits, state, tracker)
             if state.interrupted:
