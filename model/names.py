@@ -10,7 +10,7 @@ A preset names a model size (--preset): the fields it sets, which any flag given
 
 import re
 
-from model.model_minimind import QKV_PLACEMENTS, SWITCH, SWITCHES, MiniMindConfig, with_implied
+from model.model_minimind import SWITCH, SWITCHES, MiniMindConfig, with_implied
 from model.norms import NORM_TYPES
 
 # The fields a variant name speaks of: the norm type, the position, and every switch with a name token.
@@ -46,11 +46,11 @@ def norm_variant(config) -> str:
     parts = [config.norm_position]
     if config.norm_position == "mix" and config.mix_ln_fraction != SWITCH["mix_ln_fraction"].default:
         parts[0] += f"{config.mix_ln_fraction:g}"
-    implied = QKV if config.norm_position in QKV_PLACEMENTS else {}
-    qkv = not implied and all(getattr(config, f) == v for f, v in QKV.items())
+    implied = with_implied({"norm_position": config.norm_position})  # what the placement sets without a token
+    qkv = all(getattr(config, f) == v != getattr(implied, f) for f, v in QKV.items())
     for switch in SWITCHES:
         value = getattr(config, switch.name)
-        if not switch.token or value == implied.get(switch.name, switch.default) or value == "none":
+        if not switch.token or value == getattr(implied, switch.name):
             continue
         if qkv and switch.name in QKV:
             if switch.name == "qk_norm":
@@ -88,8 +88,8 @@ def variant_fields(name: str) -> dict:
         raise ValueError(f"variant {name!r}: {position!r} is not a norm position; allowed: "
                          f"{list(SWITCH['norm_position'].choices)}")
     fields["norm_position"] = position
-    if position in QKV_PLACEMENTS:
-        fields |= QKV  # HybridNorm normalizes q, k and v: its name says so without a token
+    implied = with_implied({"norm_position": position})  # HybridNorm's QKV-norm: its name says so without a token
+    fields |= {field: getattr(implied, field) for field in QKV}
     known = token_fields()
     for token in tokens:
         number = next((s for s in SWITCHES if isinstance(s.token, str) and re.fullmatch(

@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(the parts: docs/model.md)")
     for switch in SWITCHES:
         names = [f"--{switch.name}"] + ([f"--{switch.flag}"] if switch.flag else [])  # --norm_type, alias --norm
-        default = None if switch.name in DEVICE_DEFAULTS["cpu"] else switch.default
-        extra = f" ({on_device(switch.name)})" if default is None and switch.name in DEVICE_DEFAULTS["cpu"] else ""
+        per_device = switch.name in DEVICE_DEFAULTS["cpu"]  # the width: unset here, the device decides
+        default = None if per_device else switch.default
+        extra = f" ({on_device(switch.name)})" if per_device else ""
         if switch.type is bool:
             model.add_argument(*names, action="store_true", dest=switch.flag_name, help=switch.help + extra)
         else:
@@ -176,6 +177,8 @@ FLAG_ROLES = {
     "use_wandb": BOOKKEEPING, "wandb_project": BOOKKEEPING, "wandb_run_name": BOOKKEEPING, "wandb_group": BOOKKEEPING,
     "wandb_job": BOOKKEEPING,
 }
+
+
 def flags_with(role: str) -> tuple[str, ...]:
     return tuple(flag for flag, r in FLAG_ROLES.items() if r == role)
 
