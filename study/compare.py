@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 
 from study import lr_tuning
+from study.report import paired_cells
 
 
 def chosen_runs(folder: Path) -> dict[str, dict]:
@@ -27,24 +28,10 @@ def chosen_runs(folder: Path) -> dict[str, dict]:
     return chosen
 
 
-def seed_losses(runs: list[dict]) -> dict[int, float | None]:
-    return {r["seed"]: None if r["diverged"] or r.get("plateaued") else r["val_loss"] for r in runs}
-
-
-def paired(runs: list[dict], other: list[dict]) -> tuple[lr_tuning.PairedDifference, int]:
-    """runs − other per seed on the same CPU type, and how many seeds were left out for differing in it."""
-    pairs, left_out, _ = lr_tuning.pair_by_seed(runs, other)
-    return lr_tuning.paired_difference(seed_losses([r for r, _ in pairs]), seed_losses([o for _, o in pairs])), left_out
-
-
 def ranks(values: dict[str, float]) -> dict[str, float]:
     """1 for the lowest value; tied values share the mean of their places."""
-    ordered = sorted(values, key=values.get)
-    rank = {}
-    for value in set(values.values()):
-        places = [i + 1 for i, name in enumerate(ordered) if values[name] == value]
-        rank |= {name: statistics.mean(places) for name in ordered if values[name] == value}
-    return rank
+    ordered = sorted(values.values())
+    return {name: statistics.mean(i + 1 for i, v in enumerate(ordered) if v == value) for name, value in values.items()}
 
 
 def spearman(a: dict[str, float], b: dict[str, float]) -> float | None:
@@ -54,14 +41,6 @@ def spearman(a: dict[str, float], b: dict[str, float]) -> float | None:
         return None
     ra, rb = ranks({k: a[k] for k in common}), ranks({k: b[k] for k in common})
     return statistics.correlation([ra[k] for k in common], [rb[k] for k in common])
-
-
-def describe(d: lr_tuning.PairedDifference, left_out: int) -> tuple[str, str]:
-    if not d.differences:
-        return "—", f"0/0 ({left_out} across CPU types left out)" if left_out else "—"
-    spread = f" ± {d.std:.3f}" if d.std is not None else ""
-    note = f" ({left_out} across CPU types left out)" if left_out else ""
-    return f"{d.mean:+.3f}{spread}", f"{d.agreeing}/{len(d.differences)}{note}"
 
 
 def compare(a: Path, b: Path, labels: tuple[str, str], baseline: str, floor: float) -> str:
@@ -81,16 +60,16 @@ def compare(a: Path, b: Path, labels: tuple[str, str], baseline: str, floor: flo
             loss = (f"{statistics.mean(ok):.3f}" + (f" ± {statistics.stdev(ok):.3f}" if len(ok) > 1 else "")
                     if ok else "plateau" if runs or study[variant]["plateau"] else "—")
             cells.append(f"{study[variant]['lr']:g}, {loss}" if study[variant]["lr"] else loss)
-        cells += describe(*paired(studies[0][variant]["runs"], studies[1][variant]["runs"]))
+        cells += paired_cells(*lr_tuning.paired_runs(studies[0][variant]["runs"], studies[1][variant]["runs"]))
         for i, study in enumerate(studies):
             if variant == baseline or baseline not in study:
                 cells.append("—")
                 continue
-            d, left_out = paired(study[variant]["runs"], study[baseline]["runs"])
+            d, left_out, unrecorded = lr_tuning.paired_runs(study[variant]["runs"], study[baseline]["runs"])
             if d.mean is not None:
                 deltas[i][variant] = d.mean
                 resolved[i][variant] = abs(d.mean) > floor and d.agreeing == len(d.differences) > 1
-            cells.append(describe(d, left_out)[0])
+            cells.append(paired_cells(d, left_out, unrecorded)[0])
         lines.append("| " + " | ".join([variant, *cells]) + " |")
     rho = spearman(*deltas)
     swaps = [f"{x} / {y}" for i, x in enumerate(variants) for y in variants[i + 1:]

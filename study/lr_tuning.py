@@ -113,3 +113,14 @@ def pair_by_seed(runs: list[dict], baseline: list[dict]) -> tuple[list[tuple[dic
 def recorded_cpu(run: dict) -> bool:
     environment = run.get("environment", {})
     return environment.get("cpu") is not None and environment.get("cpu_isa") is not None
+
+
+def paired_runs(runs: list[dict], other: list[dict]) -> tuple[PairedDifference, int, bool]:
+    """runs − other seed by seed, paired as pair_by_seed pairs them, a diverged or plateaued run counting as no
+    loss; with pair_by_seed's count of seeds left out and whether a kept pair's CPU type is unrecorded."""
+    pairs, left_out, unrecorded = pair_by_seed(runs, other)
+
+    def losses(side: list[dict]) -> dict[int, float | None]:
+        return {r["seed"]: None if r["diverged"] or r.get("plateaued") else r["val_loss"] for r in side}
+
+    return paired_difference(losses([r for r, _ in pairs]), losses([o for _, o in pairs])), left_out, unrecorded

@@ -46,19 +46,22 @@ def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
     return "\n".join(lines)
 
 
+def paired_cells(d: lr_tuning.PairedDifference, left_out: int, unrecorded: bool) -> tuple[str, str]:
+    """A paired difference (lr_tuning.paired_runs) as two table cells: 'mean ± std', and the seeds agreeing with
+    how the seeds paired."""
+    diff = f"{d.mean:+.3f}" + (f" ± {d.std:.3f}" if d.std is not None else "") if d.differences else "—"
+    if not d.differences and not left_out:
+        return diff, "—"
+    notes = [f"{left_out} across CPU types left out"] * bool(left_out) + ["CPU type not recorded"] * unrecorded
+    return diff, f"{d.agreeing}/{len(d.differences)}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: str) -> str:
     """--tune_lr: each (variant, depth) at its chosen lr, with its usable range and the paired difference."""
     head = ["variant", "layers", "chosen lr", f"usable lrs (≤ {lr_tuning.USABLE_MARGIN} nats from best)",
             "val loss", "min–max", f"Δ vs {baseline} (paired)", "seeds agreeing", "diverged", "plateaued"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     runs_at = {(variant, depth): runs for (variant, depth, _, _), runs in groups.items()}
-
-    def seed_losses(runs):
-        return {r["seed"]: None if r["diverged"] or r["plateaued"] else r["val_loss"] for r in runs}
-
-    def pairing_note(left_out: int, unrecorded: bool) -> str:
-        notes = [f"{left_out} across CPU types left out"] * bool(left_out) + ["CPU type not recorded"] * unrecorded
-        return f" ({'; '.join(notes)})" if notes else ""
 
     for t in tuning:
         runs = runs_at.get((t["variant"], t["depth"]), [])
@@ -68,12 +71,7 @@ def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: st
         diff, agree = "—", "—"
         base_runs = runs_at.get((baseline, t["depth"]))
         if runs and base_runs and t["variant"] != baseline:
-            pairs, left_out, unrecorded = lr_tuning.pair_by_seed(runs, base_runs)
-            d = lr_tuning.paired_difference(seed_losses([r for r, _ in pairs]), seed_losses([b for _, b in pairs]))
-            if d.differences:
-                diff = f"{d.mean:+.3f}" + (f" ± {d.std:.3f}" if d.std is not None else "")
-            if d.differences or left_out:
-                agree = f"{d.agreeing}/{len(d.differences)}" + pairing_note(left_out, unrecorded)
+            diff, agree = paired_cells(*lr_tuning.paired_runs(runs, base_runs))
         edge = " (edge)" if t["at_edge"] else ""
         row = [t["variant"], str(t["depth"]),
                f"{t['chosen_lr']:g}{edge}" if t["chosen_lr"] is not None else "none usable",
