@@ -11,16 +11,9 @@ from data import BatchSampler
 @torch.no_grad()
 def evaluate(model, tokens, batch_size: int, seq_len: int, steps: int | None, device, autocast,
              progress: bool = False, rank: int = 0, world_size: int = 1) -> float:
-    """Mean loss per token over consecutive non-overlapping held-out windows: the same text every time.
-
-    steps batches from the start of the split (wrapping around if it is shorter), or with steps=None every
-    window exactly once, the last batch holding the remainder. Batches are weighted by their windows, so a
-    short last batch counts only as much as the text it covers. The model's train/eval mode is restored.
-
-    With world_size > 1 (a process group initialized), call it on every rank: rank r takes windows r,
-    r + world_size, ... of that same set, and the sum is all-reduced, so every rank returns the loss one process
-    would (up to float rounding), in 1/world_size of the time.
-    """
+    """Mean loss per token over consecutive held-out windows, the same text every time: `steps` batches from the
+    split's start (wrapping around), or with steps=None every window once. A short last batch counts by its windows.
+    Under DDP call it on every rank: each takes every world_size-th window and the sum is all-reduced."""
     was_training = model.training
     model.eval()
     sampler = BatchSampler(tokens, batch_size, seq_len, rank=rank, world_size=world_size, sequential=True)

@@ -14,10 +14,8 @@ from trainer.run_dir import read_model_dir
 
 
 def export_model(src: Path) -> tuple[Path, MiniMindForCausalLM, torch.nn.Module]:
-    """(model directory, the MiniMind model, the float32 transformers model holding the same weights), or a
-    one-line UserError for a checkpoint that no allowlisted family computes exactly, or that is damaged (see
-    read_model_dir: a run directory falls back to its newest intact checkpoint). Shared by
-    scripts/convert_to_hf.py and scripts/convert_to_gguf.py."""
+    """(model directory, the MiniMind model, the float32 transformers model with the same weights), or a one-line
+    UserError for a checkpoint no allowlisted family computes exactly, or a damaged one (see read_model_dir)."""
     def read(model_dir: Path):
         try:
             cfg = AutoConfig.from_pretrained(model_dir)

@@ -19,8 +19,7 @@ LAYER_PANELS = (
 
 
 def line_style(index: int) -> dict:
-    """Colour and dash of a figure's index-th line: the ten default colours, then the same colours dashed, then
-    dotted, so a study of 17 variants has no two lines alike in its legend."""
+    """The ten default colours, then dashed, dotted, ...: no two of a study's 17 variants alike in a legend."""
     return {"color": f"C{index % 10}", "ls": ("-", "--", ":", "-.")[index // 10 % 4]}
 
 
@@ -35,9 +34,8 @@ def pyplot():
 
 
 def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
-    """Each per-layer statistic against block index at the last step that recorded it (the trainer's diagnostic
-    steps, --diag_interval), one line per run (a statistic a run never logged, for example one written before it
-    existed, is left out of that run's panel)."""
+    """Each per-layer statistic against block index at the last step that recorded it, one line per run (a run
+    that never logged a statistic is left out of its panel)."""
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(3, 3, figsize=(14, 10.5))
