@@ -15,8 +15,8 @@ NVIDIA_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl")
 
 @functools.cache
 def note_unusable_gpu() -> None:
-    """One line (once per process) when --device auto falls back to the CPU although this torch is built for CUDA
-    and an NVIDIA GPU is present: usually a driver older than the build needs, which would otherwise go unseen."""
+    """One line (once per process) when --device auto falls back to the CPU beside an NVIDIA GPU and a CUDA build
+    of torch: usually a driver older than the build needs, which would otherwise go unseen."""
     if torch.version.cuda and any(os.path.exists(f) for f in NVIDIA_DEVICE_FILES):
         print(f"note: --device auto: an NVIDIA GPU is present and this torch is built for CUDA {torch.version.cuda}, "
               "but CUDA is not usable (a driver older than the build needs?); training on the CPU "
@@ -55,28 +55,22 @@ def autocast(device: torch.device, dtype: torch.dtype):
 
 
 def cpu_has_bf16_matmul() -> bool:
-    """Intel AMX tiles: the CPU feature that makes bf16 autocast faster than fp32 (1.9x for the 26M model on
-    such a machine, scripts/bench_train.py) rather than far slower, as on CPUs without bf16 units."""
+    """Intel AMX tiles, which make bf16 autocast faster than fp32 (1.9x for the 26M model, scripts/bench_train.py)."""
     return getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
 
 
 class Prefetcher:
-    """A sampler's batches, already on the device, with the next one drawn and sent while the current one trains.
-
-    On CUDA each batch is pinned first: a copy from pageable memory makes the host wait for it, one from pinned
-    memory is queued like a kernel, so the host keeps running ahead of the GPU. state_dict() is the sampler's
-    state before the batch held ahead, so a checkpoint resumes with the batch this iterator would return next.
-    """
+    """A sampler's batches, already on the device, the next one sent while the current one trains. On CUDA each
+    is pinned first, so its copy is queued like a kernel instead of making the host wait. state_dict() is the
+    sampler's state before the batch held ahead: a checkpoint resumes with the batch this would return next."""
 
     def __init__(self, sampler, device: torch.device):
         self.sampler, self.device = sampler, device
         self.ahead = None  # (sampler state before it, the batch on the device)
 
     def _draw(self) -> tuple[dict, tuple[torch.Tensor, ...]]:
-        state = self.sampler.state_dict()
-        pin = self.device.type == "cuda"
-        batch = tuple((t.pin_memory() if pin else t).to(self.device, non_blocking=True) for t in next(self.sampler))
-        return state, batch
+        state, pin = self.sampler.state_dict(), self.device.type == "cuda"
+        return state, tuple((t.pin_memory() if pin else t).to(self.device, non_blocking=True) for t in next(self.sampler))
 
     def __iter__(self):
         return self

@@ -7,10 +7,8 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-# Dense (no sparsity) peak FLOP/s of bf16/fp16 tensor-core math with fp32 accumulation, from NVIDIA's datasheets
-# and architecture whitepapers, by the name torch.cuda.get_device_name reports (the whole name must match). A
-# device not listed gets no MFU rather than a guess; so does a MIG slice ("NVIDIA H100 80GB HBM3 MIG 3g.40gb"),
-# which has only a share of the GPU's SMs.
+# Dense peak FLOP/s of bf16/fp16 tensor-core math with fp32 accumulation (NVIDIA's datasheets), by the whole name
+# torch.cuda.get_device_name reports; any other device or a MIG slice gets no MFU (docs/gpu.md, "MFU").
 PEAK_FLOPS = [
     (r"NVIDIA H100 80GB HBM3", 989e12),  # H100 SXM5
     (r"NVIDIA H100 PCIe", 756e12),
@@ -32,11 +30,8 @@ def rms(x: torch.Tensor) -> torch.Tensor:
 
 
 def block_cosine(x_in: torch.Tensor, x_out: torch.Tensor) -> torch.Tensor:
-    """Cosine between each token's residual stream entering and leaving a block, averaged over tokens.
-
-    Near 1 means the block barely turns the stream (the identity-like deep blocks of Pre-Norm's "curse of depth";
-    the papers plot arccos of it / pi as angular distance). Scale-free, so a block that only rescales scores 1.
-    """
+    """Cosine between each token's residual stream entering and leaving a block, averaged over tokens: near 1
+    where the block barely turns the stream (Pre-Norm's identity-like deep blocks, the "curse of depth")."""
     return torch.nn.functional.cosine_similarity(x_in.float(), x_out.float(), dim=-1).mean()
 
 
@@ -56,12 +51,8 @@ def excess_kurtosis(x: torch.Tensor) -> torch.Tensor:
 
 
 def causal_logits(q: torch.Tensor, k: torch.Tensor):
-    """The attention logits q.k / sqrt(head_dim) in float32, -inf above the diagonal, as [chunk, heads, seq, seq]
-    blocks of a few sequences each (about 2^24 logits per block: all of them at once may not fit in memory).
-
-    q is [batch, heads, seq, head_dim] and k [batch, kv_heads, seq, head_dim]; query head h reads key head
-    h // (heads / kv_heads), as scaled_dot_product_attention does with enable_gqa.
-    """
+    """The attention logits q.k / sqrt(head_dim) in float32, -inf above the diagonal, in [chunk, heads, seq, seq]
+    blocks of about 2^24 logits (all at once may not fit). Query head h reads key head h // (heads / kv_heads)."""
     batch, heads, seq, head_dim = q.shape
     k = k.float().repeat_interleave(heads // k.shape[1], dim=1)
     future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
@@ -77,13 +68,9 @@ def max_attention_logit(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def attention_sink_mass(q: torch.Tensor, k: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """[mass on position 0, mass on the learnable sinks]: the attention probability that goes to the first token
-    (the "attention sink" of Xiao et al. 2023) and, with sinks (one logit per head, Attention.sinks), the share
-    the sinks absorb (0 without). Each is a mean over sequences, heads and queries 1..seq-1 (query 0 sees only
-    position 0, so it has no choice to measure); per query the two plus the mass on tokens 1.. sum to 1.
-
-    SDPA returns no probabilities, so they are computed here from q and k, in float32, on diagnostic steps only.
-    """
+    """[attention probability on the first token (Xiao et al. 2023), on the learnable sinks (0 without)], each a
+    mean over sequences, heads and queries 1..seq-1 (query 0 has no choice). SDPA returns no probabilities, so
+    they are computed here from q and k."""
     total = torch.zeros(2, device=q.device)
     for logits in causal_logits(q, k):
         if sinks is not None:  # softmax over (logits, sink), as in Attention.sink_bias
@@ -99,18 +86,11 @@ def attention_sink_mass(q: torch.Tensor, k: torch.Tensor, sinks: torch.Tensor | 
 
 @torch.no_grad()
 def layer_stats(model: nn.Module, input_ids: torch.Tensor, precision=None) -> dict[str, list[float]]:
-    """Per block, from one extra forward of `model` (the uncompiled MiniMindForCausalLM) on input_ids, without
-    gradients: the residual stream entering the block (its RMS, max|x|/median|x| and excess kurtosis), the cosine
-    between the stream entering and leaving it, and of its attention the largest causal logit, the probability
-    mass on the first token and, in a model with attention sinks, the mass the sinks take (attention_sink_mass).
-
-    Hooks on each block and on its attention read the block's input and output and the attention's input (after
-    whatever norm the placement puts there) while the forward runs; the attention input is projected again with
-    Attention.project_qk, the exact q and k attention uses. The trainer calls this at log steps only, outside
-    the timed region, on the raw model: a torch.compile'd training model never sees a hook or a changed flag, so
-    it is neither retraced nor slowed on the other steps. The forward runs in eval mode, so a batchnorm model's
-    running statistics are left as training left them (for every other norm type the two modes agree).
-    """
+    """Per block, from one extra forward of the uncompiled model on input_ids: the residual stream entering it
+    (RMS, max|x|/median|x|, excess kurtosis), its cosine with the stream leaving, and of its attention the
+    largest causal logit and attention_sink_mass. Hooks read each block's input and output and its attention's
+    input (after whatever norm the placement puts there); the raw model takes them, so a compiled one is never
+    retraced. The forward runs in eval mode, leaving a batchnorm model's running statistics as they were."""
     layers = model.model.layers
     keys = ["residual_rms", "block_cosine", "max_attn_logit", "massive_activation", "excess_kurtosis",
             "attn_first_token"] + (["attn_sink_share"] if model.config.attn_sinks else [])

@@ -12,11 +12,8 @@ import torch
 from common.cli import UserError
 from model import MiniMindForCausalLM
 
-# Values autograd keeps per token, per layer and per unit of width, counted with saved_tensors_hooks in MiniMind
-# blocks on CPU (4 layers, 128 wide): 19.1 in fp32 (attention inputs and outputs, SwiGLU's 8/3-wide projections,
-# norms). Under 16-bit autocast the matmuls save 16-bit copies of their inputs (each projection its own), 25.5 of
-# them, while the residual stream and the norms stay fp32, 2.3 more. The constants below stay under those counts,
-# so the estimate is a lower bound.
+# Values autograd keeps per token, per layer and per unit of width, counted with saved_tensors_hooks (19.1 in fp32;
+# under 16-bit autocast see docs/gpu.md, "The memory estimate"). Staying under the counts keeps a lower bound.
 SAVED_PER_UNIT = 16  # fp32 training
 SAVED_PER_UNIT_AUTOCAST = {2: 20, 4: 2}  # bytes per value: values of that size, under 16-bit autocast
 
@@ -52,10 +49,8 @@ def available_memory_bytes(device: torch.device) -> int | None:
 
 
 def model_parameters(config) -> int:
-    """The number of parameters of the model config describes, without allocating it: models of one and two blocks
-    built on the meta device (shapes, no storage) give what the blocks add to the rest. Every block after the
-    first holds as many as the second, in every placement, so the count is exact; building all the blocks would
-    take minutes for a model of 100,000."""
+    """The number of parameters of the model config describes, exactly, without allocating it: what the second of
+    two blocks built on the meta device adds, every block after the first adds too (building 100,000 takes minutes)."""
     def count(layers: int) -> int:
         shallow = copy.deepcopy(config)
         shallow.num_hidden_layers = layers
@@ -67,8 +62,7 @@ def model_parameters(config) -> int:
 
 
 def require_model_fits(config, device: torch.device) -> None:
-    """Refuse a model whose training state alone cannot fit in the device's memory: fp32 weights, gradients and
-    AdamW's two moments, 16 bytes per parameter."""
+    """Refuse a model whose weights, gradients and AdamW's two moments (16 bytes per parameter) cannot fit."""
     num_params = model_parameters(config)
     needed = 16 * num_params
     available = available_memory_bytes(device)

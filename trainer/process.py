@@ -21,10 +21,8 @@ PEER_GONE = re.compile(r"connection closed by peer|connection reset by peer|brok
 
 
 def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, torch.device]:
-    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; NCCL on CUDA, gloo on CPU.
-
-    A rank that waits on a collective longer than timeout_min minutes (a peer died or hangs) fails the job
-    rather than holding its devices forever."""
+    """(rank, world_size, device) as torchrun's RANK/WORLD_SIZE/LOCAL_RANK say; NCCL on CUDA, gloo on CPU. A rank
+    that waits on a collective past timeout_min minutes (a peer died or hangs) fails rather than hold its devices."""
     device = pick_device(device_name)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1 and device.type == "cuda":
@@ -77,13 +75,10 @@ def peer_failures_in_one_line(rank: int, timeout_min: float) -> Iterator[None]:
 
 
 class SignalHandler:
-    """Handles SIGTERM and SIGINT with self._handle while it exists; restore() puts the previous handlers back."""
+    """Handles SIGTERM and SIGINT with the subclass's _handle while it exists; restore() puts the previous back."""
 
     def __init__(self):
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def _handle(self, signum, frame):
-        raise NotImplementedError
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():

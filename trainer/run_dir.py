@@ -1,15 +1,6 @@
 """A run directory (the trainer's --out_dir): the one run it belongs to, its checkpoints, and resuming that run.
-
-    .lock                     held (flock) by the trainer that owns the directory; it goes with its process
-    metrics.jsonl, summary.json, layers.png, wandb/      the run's records
-    checkpoint -> step-000800 the newest complete step folder: a Hugging Face model directory (config.json,
-                              weights, tokenizer), training_state.pt (optimizer, step, sampler and RNG states, wandb
-                              run id, data fingerprint) and manifest.json (every other file's size and sha256)
-
-A step folder is written under a hidden name, renamed when complete, and only then does the link flip (an atomic
-rename), so a crash at any moment leaves the previous checkpoint intact. Loading checks a checkpoint against its
-manifest and falls back to the newest intact earlier one. What older versions of the trainer did not record is
-filled in by the last section alone.
+Its layout and guarantees are in docs/training.md; what older versions of the trainer did not record is filled in
+by the last section alone.
 """
 
 import json
@@ -79,18 +70,14 @@ def find_checkpoints(out_dir: Path) -> list[Path]:
 
 def previous_run(out_dir: Path) -> list[str]:
     """What in out_dir belongs to an earlier run: its checkpoints, metrics or summary."""
-    found = [p.name for p in find_checkpoints(out_dir)]
     metrics = out_dir / "metrics.jsonl"
-    if metrics.is_file() and metrics.stat().st_size > 0:
-        found.append(metrics.name)
-    if (out_dir / "summary.json").is_file():
-        found.append("summary.json")
-    return found
+    found = [p.name for p in find_checkpoints(out_dir)]
+    found += [metrics.name] if metrics.is_file() and metrics.stat().st_size > 0 else []
+    return found + (["summary.json"] if (out_dir / "summary.json").is_file() else [])
 
 
 def no_checkpoint(out_dir: Path, records: list[str]) -> str:
-    """What to run in an out_dir that holds a run's records but no checkpoint (it was stopped or killed before
-    its first save completed): there is nothing to resume, so the way on is to start over."""
+    """What to run in an out_dir with a run's records but no checkpoint: nothing to resume, so start over."""
     return (f"--out_dir {out_dir} holds the records of a run that saved no checkpoint ({', '.join(records)}), so "
             "there is nothing to resume: pass --overwrite to discard them and start afresh, or choose a new --out_dir")
 
@@ -111,8 +98,8 @@ def only_a_lock(out_dir: Path) -> bool:
 @contextmanager
 def claim_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> Iterator[None]:
     """Own out_dir for the block: create it, lock it, and refuse another run's directory unless resuming it or
-    told to overwrite it. A directory this call created is removed again if the run leaves nothing in it; so is
-    one that held only a lock file (what a trainer killed before its first write leaves: it could not clean up)."""
+    told to overwrite it. A directory that was new, or held only a killed trainer's lock file, is removed again
+    if the run leaves nothing in it."""
     created = not out_dir.exists() or only_a_lock(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in (LOCK_FILE, *RECORD_FILES):  # (something else put there: the trainer would fail on it only later)
@@ -131,8 +118,7 @@ def claim_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> Iterator[None
                     raise UserError(no_checkpoint(out_dir, found))
                 raise UserError(f"--out_dir {out_dir} holds another run ({', '.join(found)}); continue it with "
                                 "--resume, choose a new --out_dir, or pass --overwrite to discard it")
-            leftovers = remove_leftovers(out_dir)
-            if leftovers:
+            if leftovers := remove_leftovers(out_dir):
                 print(f"removed what crashed saves left in {out_dir}: {', '.join(leftovers)}", file=sys.stderr)
             try:
                 yield
@@ -209,7 +195,9 @@ def verify(path: Path) -> None:
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise Damaged(f"has config.json but no weights (none of {', '.join(WEIGHT_FILES)})")
     if not (path / MANIFEST).is_file():
-        without_manifest(path)
+        if (path / STATE_FILE).is_file():  # an export, without a training state, never has a manifest
+            print(f"note: {path} has no {MANIFEST} (saved before manifests existed), so its files are not checked",
+                  file=sys.stderr)
         return
     for name, (size, digest) in json.loads((path / MANIFEST).read_text()).items():
         file = path / name
@@ -222,10 +210,9 @@ def verify(path: Path) -> None:
 
 
 def load_checkpoint(out_dir: Path, repair: bool = False) -> tuple[MiniMindForCausalLM, dict]:
-    """The model (fp32, exactly as saved) and training state of the best checkpoint in out_dir that loads
-    completely; each one that does not is reported in one line. With repair (for the process that owns out_dir),
-    those are renamed <name>.damaged, kept for inspection but never tried again, and the link points to the one
-    loaded. The caller restores RNGs when it is ready."""
+    """The model (fp32, as saved) and training state of the best checkpoint in out_dir that loads, each one that
+    does not reported in one line. With repair (by the owner of out_dir) those are renamed <name>.damaged-<time>,
+    never tried again, and the link points to the one loaded. The caller restores RNGs when it is ready."""
     damaged: dict[Path, str] = {}
     for path in find_checkpoints(out_dir):
         try:
@@ -252,19 +239,15 @@ def load_checkpoint(out_dir: Path, repair: bool = False) -> tuple[MiniMindForCau
 
 
 def read_model_dir(path: Path, load: Callable[[Path], Any]) -> tuple[Path, Any]:
-    """(model directory, load(model directory)) for what a tool is pointed at: a model directory (a step folder,
-    the checkpoint link, an export) or a run directory, whose checkpoints are tried as --resume tries them, any
-    that fails verify or load named in one warning line with the one used instead. A damaged folder named directly
-    is a one-line UserError that says to pass the run directory. A folder that fails while the link moved (or that
-    vanished) was replaced by a running trainer's newer save, so the path is read again, at most READ_ATTEMPTS
-    times. load raises UserError to refuse (passed on as it is); any other exception means the checkpoint is damaged.
+    """(model directory, load(model directory)) for a model directory or a run directory, whose checkpoints are
+    tried as --resume tries them (docs/training.md, "Reading checkpoints"). load raises UserError to refuse
+    (passed on as it is); any other exception means the checkpoint is damaged.
     """
     failed: dict[Path, str] = {}
     for _ in range(READ_ATTEMPTS):
-        if not path.exists():
-            raise UserError(f"{path}: no such directory; pass the trainer's --out_dir or a checkpoint folder")
         if not path.is_dir():
-            raise UserError(f"{path}: is not a directory; pass the trainer's --out_dir or a checkpoint folder")
+            problem = "is not a directory" if path.exists() else "no such directory"
+            raise UserError(f"{path}: {problem}; pass the trainer's --out_dir or a checkpoint folder")
         named = (path / "config.json").is_file()
         try:  # each candidate resolved here, once: a save cannot mix two steps under load
             candidates = [path.resolve()] if named else [p for p in find_checkpoints(path) if p not in failed]
@@ -301,8 +284,8 @@ def read_model_dir(path: Path, load: Callable[[Path], Any]) -> tuple[Path, Any]:
 
 
 def link_targets(path: Path) -> tuple[Path, Path]:
-    """Where path and its checkpoint link lead now. A save flips the link before it deletes the folders it
-    replaces, so a change here tells a folder being deleted under a reader from a damaged one."""
+    """Where path and its checkpoint link lead now: a save flips the link before it deletes the folders it
+    replaces, so a change here tells a folder deleted under a reader from a damaged one."""
     return path.resolve(), (path / LINK).resolve()
 
 
@@ -331,8 +314,7 @@ def skipped(out_dir: Path, failed: dict[Path, str]) -> str:
 
 
 def data_fingerprint(tokenizer, train_data: PackedTokens, val_data: PackedTokens) -> dict:
-    """What the run trains and evaluates on, whatever the paths were called: the tokenizer's hash and each
-    split's token count and checksum."""
+    """What the run trains and evaluates on, whatever the paths were called."""
     return {"tokenizer": tokenizer_fingerprint(tokenizer),
             **{d.split: {"num_tokens": d.num_tokens, "sha256": d.sha256} for d in (train_data, val_data)}}
 
@@ -340,10 +322,11 @@ def data_fingerprint(tokenizer, train_data: PackedTokens, val_data: PackedTokens
 def check_resumable(state: dict, config: MiniMindConfig, args, data: dict, world_size: int) -> None:
     """Refuse, in one line, a --resume that would not continue the same run: the flags whose role fixes what the
     run computes, the architecture flags given, the data, the tokenizer and the number of processes must match."""
-    from trainer.args import FIXED, config_fields, flags_with  # (here: trainer.args imports this module)
+    from trainer.args import DATA, FIXED, config_fields, flags_with  # (here: args imports this module)
 
     saved = state["args"]
-    for name in flags_with(FIXED) + data_flags_to_match(state):
+    # A checkpoint saved before data fingerprints must name its data with the same flags.
+    for name in flags_with(FIXED) + (() if state["data"] else flags_with(DATA)):
         if recorded_value(saved, name) != getattr(args, name):
             raise UserError(f"--resume: the checkpoint was trained with --{name} {recorded_value(saved, name)}, not "
                             f"{getattr(args, name)}; pass the same value (or start a new --out_dir)")
@@ -376,12 +359,11 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
 
 
 # --- compatibility with runs and checkpoints written by older versions of the trainer -----------------------
-# Each thing a newer trainer records that an older one did not, and what stands in for it when such a run is
-# read or resumed: always the behaviour the run had.
+# What stands in for each thing a newer trainer records and an older one did not: the behaviour the run had.
+
 
 def implied_by_record(field: str):
-    """A switch whose default the config derives from others (HybridNorm's QKV-norm from its placement), as it
-    derives it from a record's switches."""
+    """A switch whose default the config derives from others (HybridNorm's QKV-norm), derived from a record."""
     return lambda saved: getattr(with_implied({s.name: saved[s.flag_name] for s in SWITCHES if s.flag_name in saved}),
                                  field)
 
@@ -392,9 +374,8 @@ RECORDED_BEFORE = {"diag_interval": lambda saved: saved.get("log_interval"),
 
 
 def recorded_value(saved: dict, flag: str):
-    """The value of `flag` a recorded run (the args in its summary or checkpoint) was trained with. A flag added
-    after the run was recorded is missing from its args; new flags default to the old behaviour, so the run had
-    the parser default (or, for a flag in RECORDED_BEFORE, the value derived from the run's other flags)."""
+    """The value of `flag` a recorded run (the args in its summary or checkpoint) was trained with: a flag added
+    since has the old behaviour as its parser default, or as its entry in RECORDED_BEFORE."""
     from trainer.args import build_parser  # (here: trainer.args imports this module)
 
     if flag in saved:
@@ -412,22 +393,6 @@ def state_with_defaults(state: dict, vocab_size: int) -> dict:
         "start_loss": math.log(vocab_size), "lowest_loss": math.inf, "spiked": False,
         # before the loss window was kept: a new one starts, so the first record after the resume covers fewer steps
         "window": {"loss_sums": [0.0] * len(state["sampler"]), "steps": 0, "untimed": 0, "start": state["train_time"]},
-        "data": None,  # before data fingerprints: see data_flags_to_match
+        "data": None,  # before data fingerprints: check_resumable compares the data flags instead
     }
     return {**defaults, **state}
-
-
-def data_flags_to_match(state: dict) -> tuple[str, ...]:
-    """The flags that name the data and the tokenizer, for a checkpoint saved before data fingerprints: a --resume
-    of it must pass the same ones, as what stands in for comparing the data itself."""
-    from trainer.args import DATA, flags_with  # (here: trainer.args imports this module)
-
-    return () if state["data"] else flags_with(DATA)
-
-
-def without_manifest(path: Path) -> None:
-    """A checkpoint saved before manifests existed is loaded unchecked, with a note (an export, without a training
-    state, never has a manifest)."""
-    if (path / STATE_FILE).is_file():
-        print(f"note: {path} has no {MANIFEST} (saved before manifests existed), so its files are not checked",
-              file=sys.stderr)

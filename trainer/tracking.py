@@ -20,22 +20,17 @@ ONLINE_INIT_TIMEOUT_S = 20
 LAYER_DIGITS = 5
 
 
-def wandb_key_configured() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        path = os.environ.get("NETRC")
-        return netrc.netrc(path).authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        return False
-
-
 def wandb_mode() -> str:
     """An explicit WANDB_MODE wins (offline / disabled / online); otherwise online only if a key is configured."""
     mode = os.environ.get("WANDB_MODE")
     if mode in ("online", "offline", "disabled"):
         return mode
-    return "online" if wandb_key_configured() else "offline"
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        return "online" if netrc.netrc(os.environ.get("NETRC")).authenticators("api.wandb.ai") else "offline"
+    except (netrc.NetrcParseError, OSError):
+        return "offline"
 
 
 def to_digits(values: list) -> list:
@@ -51,9 +46,8 @@ def compact(record: dict) -> dict:
 
 
 def flatten(record: dict) -> dict:
-    """A record as wandb charts: keys under their split, so train and validation loss are two charts, and a
-    per-layer list as one chart per layer: {'split': 'train', 'residual_rms': [a, b]} -> {'train/residual_rms/00':
-    a, 'train/residual_rms/01': b}. The step stays the x-axis of all of them."""
+    """A record as wandb charts, keys under their split and a list as one chart per layer: {'split': 'train',
+    'residual_rms': [a, b]} -> {'train/residual_rms/00': a, 'train/residual_rms/01': b}, beside its step."""
     flat = {"step": record["step"]}
     for key, value in record.items():
         if key in ("step", "split"):
@@ -129,10 +123,6 @@ class Tracker:
             self.run = None
 
 
-def is_record(record) -> bool:
-    return isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("split"), str)
-
-
 def read_metrics(path: Path) -> list[dict]:
     """The records of a metrics.jsonl file. A line that is not one (a last line cut short by a crash mid-write, or
     garbage from elsewhere) is dropped with a warning; a --resume rewrites the file without it."""
@@ -144,7 +134,7 @@ def read_metrics(path: Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError:
             record = None
-        if is_record(record):
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("split"), str):
             records.append(record)
         else:
             dropped.append(number)
