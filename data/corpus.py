@@ -18,15 +18,10 @@ import pyarrow as pa
 from common.cli import UserError, first_line
 
 VALIDATION_PLAYS = ("hamlet", "the-tempest")
-# The embedded plays are Markdown: a speaker in bold, then the speech, lines ending in two spaces (a Markdown line
-# break). Prompts in that form, for sampling a model trained on them; Hamlet is a validation play, so its prompt is
-# held-out text.
-DEFAULT_PROMPTS = (
-    "**HAMLET**  \nTo be, or not to be,",
-    "**FIRST WITCH**  \nWhen shall we three meet again",
-    "**KING**  \nMy lords,",
-    "## ACT I\n\n### SCENE I. A street.\n\n",
-)
+# Prompts in the plays' Markdown (a speaker in bold, lines ending in a two-space line break), for sampling a model
+# trained on them; Hamlet is a validation play, so its prompt is held-out text.
+DEFAULT_PROMPTS = ("**HAMLET**  \nTo be, or not to be,", "**FIRST WITCH**  \nWhen shall we three meet again",
+                   "**KING**  \nMy lords,", "## ACT I\n\n### SCENE I. A street.\n\n")
 HOLDOUT_EVERY = 100
 SPLITS = ("train", "validation")
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
@@ -163,16 +158,13 @@ def _load_hub(spec: str, split: str, streaming: bool):
             ) from None
     try:  # offline without a cached copy, an unknown config, a gated or script-only dataset, ...
         available = datasets.get_dataset_split_names(name, config or None)
+        holdout = bool(source) or "validation" not in available
+        theirs = "validation" if split == "validation" and not holdout else source or "train"
+        if theirs in available:
+            return datasets.load_dataset(name, config or None, split=theirs, streaming=streaming), holdout
     except Exception as err:
         raise UserError(f"{spec}: cannot load it from the Hub ({first_line(err)}); {NO_SOURCE_HINT}") from None
-    holdout = bool(source) or "validation" not in available
-    theirs = "validation" if split == "validation" and not holdout else source or "train"
-    if theirs not in available:
-        raise UserError(f"{spec}: has no split {theirs!r}, only {', '.join(available)}")
-    try:
-        return datasets.load_dataset(name, config or None, split=theirs, streaming=streaming), holdout
-    except Exception as err:
-        raise UserError(f"{spec}: cannot load it from the Hub ({first_line(err)}); {NO_SOURCE_HINT}") from None
+    raise UserError(f"{spec}: has no split {theirs!r}, only {', '.join(available)}")
 
 
 def _open(data_path: str | None, split: str, streaming: bool):
@@ -193,11 +185,9 @@ def _open(data_path: str | None, split: str, streaming: bool):
 
 
 def load_texts(data_path: str | None, split: str, text_field: str = "text", streaming: bool = False):
-    """One split of a source as a datasets.Dataset (IterableDataset if streaming) with one column, "text".
-
-    Empty documents are dropped; a split with no text left is a UserError. text_field names the column
-    holding the text (ignored by the embedded corpus; a .txt source's column is "text").
-    """
+    """One split of a source as a datasets.Dataset (IterableDataset if streaming) with one column, "text", read
+    from text_field (ignored by the embedded corpus); empty documents are dropped, and a split left empty is a
+    UserError."""
     if split not in SPLITS:
         raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     ds, holdout = _open(data_path, split, streaming)

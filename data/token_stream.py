@@ -27,8 +27,8 @@ CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACC
 
 
 def default_cache_dir() -> Path:
-    """$MINIMIND_CACHE or ~/.cache/minimind-norm. A MINIMIND_CACHE that is no folder and cannot become one is
-    refused here, before any tokenizing (an existing folder may be read-only: a filled cache is only read)."""
+    """$MINIMIND_CACHE or ~/.cache/minimind-norm; refuses, before any tokenizing, a MINIMIND_CACHE that is no folder
+    and cannot become one (an existing folder may be read-only: a filled cache is only read)."""
     given = os.environ.get("MINIMIND_CACHE")
     if not given:
         return Path.home() / ".cache" / "minimind-norm"
@@ -46,11 +46,8 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class PackedTokens:
-    """A split's documents as one token array, each document followed by the end-of-text token.
-
-    num_bytes counts the UTF-8 bytes of the documents only; num_tokens counts the separators too, since
-    the model predicts them, so loss averaged over all tokens / ln 2 / bytes_per_token is bits per byte.
-    """
+    """A split's documents as one token array, each followed by the end-of-text token. num_bytes counts the
+    documents' UTF-8 bytes only, num_tokens the separators too (the model predicts them): see bits_per_byte."""
 
     path: Path
     tokens: np.memmap
@@ -72,8 +69,7 @@ def bits_per_byte(loss: float, bytes_per_token: float) -> float:
 
 def _open_cached(path: Path, key: dict, vocab_size: int) -> PackedTokens | None:
     """The finished, intact cache entry at path, or None. Its metadata is written after the tokens, so without it
-    the entry is unfinished. A damaged entry (metadata unreadable or for another key, the token file's size or
-    checksum not the recorded one, an id the tokenizer does not have) is reported in one line, then rebuilt."""
+    the entry is unfinished; a damaged entry is reported in one line, then rebuilt."""
     meta_path = path.with_suffix(".json")
     if not meta_path.is_file():
         return None
@@ -138,30 +134,14 @@ def _pack(texts, tokenizer, dtype: np.dtype, out, num_proc: int, streaming: bool
     return {**counts, "sha256": digest.hexdigest()}
 
 
-def prepare_split(
-    data_path: str | None,
-    split: str,
-    tokenizer,
-    text_field: str = "text",
-    cache_dir: str | Path | None = None,
-    num_proc: int | None = None,
-    streaming: bool = False,
-) -> PackedTokens:
-    """A split tokenized and packed, from the cache when this source, split and tokenizer were packed before.
-
-    The cache key covers the source's identity (local files' paths, sizes and mtimes; a Hub name), the
-    split, text_field and the tokenizer's fingerprint, so editing the data or the tokenizer re-tokenizes.
-    cache_dir defaults to $MINIMIND_CACHE or ~/.cache/minimind-norm. Under DDP, call it on one rank first.
-    """
+def prepare_split(data_path: str | None, split: str, tokenizer, text_field: str = "text",
+                  cache_dir: str | Path | None = None, num_proc: int | None = None,
+                  streaming: bool = False) -> PackedTokens:
+    """A split tokenized and packed, from the cache when this source (its files' sizes and mtimes, or its Hub name),
+    split, text_field and tokenizer were packed before. Under DDP, call it on one rank first."""
     num_proc = num_proc or usable_cores()
-    key = {
-        "format": CACHE_FORMAT,
-        "source": source_identity(data_path),
-        "split": split,
-        "text_field": text_field,
-        "tokenizer": tokenizer_fingerprint(tokenizer),
-        "eot": tokenizer.eos_token_id,
-    }
+    key = {"format": CACHE_FORMAT, "source": source_identity(data_path), "split": split, "text_field": text_field,
+           "tokenizer": tokenizer_fingerprint(tokenizer), "eot": tokenizer.eos_token_id}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     path = cache_dir / f"{split}-{digest}.bin"
@@ -185,13 +165,9 @@ def prepare_split(
 
 
 class BatchSampler:
-    """Batches of fixed-length windows from a packed split: x = window[:-1], y = window[1:], [batch, seq_len] longs.
-
-    Random mode draws window starts uniformly from a numpy Generator seeded by (seed, rank), so every DDP
-    rank draws different windows and a rerun draws the same. Sequential mode walks the non-overlapping
-    windows [k*seq_len, (k+1)*seq_len] in order, window k going to rank k % world_size, wrapping at the end.
-    state_dict() captures the generator and position, so a restored sampler continues with the same batches.
-    """
+    """Batches of windows from a packed split: x = window[:-1], y = window[1:], [batch, seq_len] longs. Random mode
+    draws window starts from a generator seeded by (seed, rank); sequential mode walks the non-overlapping windows
+    in order, window k going to rank k % world_size, wrapping at the end. state_dict() resumes either exactly."""
 
     def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int = 0,
                  rank: int = 0, world_size: int = 1, sequential: bool = False):

@@ -14,39 +14,30 @@ from data.corpus import load_texts, reading
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
 DEFAULT_VOCAB_SIZE = 6400
-# The class name tokenizer_config.json records. transformers 5 saves "TokenizersBackend", a name 4.x does not know
-# (llama.cpp's converter pins 4.x); "PreTrainedTokenizerFast" is the same class in 5.x (an alias) and loads the same
-# tokenizer.json, with the same ids, in both.
+# The class tokenizer_config.json names: transformers 5 saves "TokenizersBackend", unknown to 4.x (which llama.cpp's
+# converter pins); "PreTrainedTokenizerFast" is its alias in 5.x and loads the same ids in both.
 PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # every byte, plus the special tokens
 
 
-def train_tokenizer(
-    data_path: str | None = None, text_field: str = "text", vocab_size: int = DEFAULT_VOCAB_SIZE, streaming: bool = False
-) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on the train split of a source (see data.corpus).
-
-    Byte-level with no normalizer and no prefix space, so decode(encode(text)) == text for any text.
-    """
+def train_tokenizer(data_path: str | None = None, text_field: str = "text", vocab_size: int = DEFAULT_VOCAB_SIZE,
+                    streaming: bool = False) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on the train split of a source (see data.corpus); with no normalizer and
+    no prefix space, decode(encode(text)) == text for any text."""
     if vocab_size < MIN_VOCAB_SIZE:
         raise UserError(f"vocab_size {vocab_size} is too small; byte-level BPE needs at least {MIN_VOCAB_SIZE}")
     texts = load_texts(data_path, "train", text_field, streaming)
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=True,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=True)
     with reading(data_path):
         bpe.train_from_iterator((batch["text"] for batch in texts.iter(batch_size=1000)), trainer)
     # GPT-2 convention: the document separator doubles as bos/pad/unk; nothing is added when encoding.
     eot = SPECIAL_TOKENS[0]
-    return PreTrainedTokenizerFast(
-        tokenizer_object=bpe, bos_token=eot, eos_token=eot, pad_token=eot, unk_token=eot, clean_up_tokenization_spaces=False
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=eot, eos_token=eot, pad_token=eot, unk_token=eot,
+                                   clean_up_tokenization_spaces=False)
 
 
 def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
@@ -61,8 +52,7 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
         raise UserError(f"{path}: cannot load the tokenizer ({first_line(err)})") from None
     if tokenizer.eos_token_id is None:
         raise UserError(f"{path}: the tokenizer has no eos_token; it is needed to separate documents")
-    # The document separator stands in for a missing bos (what a prompt starts after) and pad (GPT-2 convention),
-    # so the trainer and eval_llm.py can rely on both.
+    # The document separator stands in for a missing bos (what a prompt starts after) and pad (GPT-2 convention).
     if tokenizer.bos_token is None:
         tokenizer.bos_token = tokenizer.eos_token
     if tokenizer.pad_token is None:
