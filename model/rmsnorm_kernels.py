@@ -1,4 +1,4 @@
-"""RMSNorm's arithmetic three ways, with one forward, and which way the model takes on each device and dtype.
+"""RMSNorm's arithmetic three ways, and which way the model takes on each device and dtype.
 
 Each computes the eager formula's output bit for bit (tests/test_norm_scripts.py checks every dtype):
 
@@ -9,8 +9,7 @@ and differ only in how the backward runs:
   F.rms_norm    torch.nn.functional.rms_norm: one fused kernel each way on CUDA; on CPU the formula's ops again
   hand-written  HandWrittenBackward: four passes backward, and only x and the per-row rstd saved
 
-The choice is measured by scripts/bench_norms.py (it prints the path the model takes and its time against
-nn.LayerNorm); the README's "Norm speed" section has the numbers behind the table below.
+scripts/bench_norms.py measures them; the numbers behind CHOICE are in docs/performance.md ("Norm speed").
 """
 
 import torch
@@ -34,18 +33,10 @@ def functional(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torc
 
 
 class HandWrittenBackward(torch.autograd.Function):
-    """The eager formula's forward with a hand-written backward.
-
-    At the model's shapes a norm is memory-bound: each elementwise op is one full pass over the activation.
-    Left to autograd, the formula's float32 backward makes nine such passes, and y (for bf16 input also a
-    float32 copy of x) stays saved until it runs. This backward makes four, the last three into one reused
-    buffer, plus two read-only mat-vecs that get both reductions (for dx and dweight) from the one product g*x;
-    only x and the per-row rstd are saved. For bf16/fp16 input the upcasts and the exact weight gradient
-    (which needs y as rounded to x's dtype) cost some of the passes it saves, so it gains less there.
-    Autograd's backward of the formula is slower on CPU than even its pass count says: mean's backward hands on
-    a gradient expanded along the last dimension (stride 0), and the scalar ops on it (/ dim, then pow's * 2)
-    run about 10x slower than a plain pass over a contiguous tensor (measured at 1024 x 512, one thread).
-    """
+    """The eager formula's forward with a backward of four passes over the activation instead of autograd's nine
+    (a norm is memory-bound at the model's shapes), saving only x and the per-row rstd. On CPU autograd's
+    backward is slower still than its pass count: mean's backward hands on a stride-0 expanded gradient, and
+    the scalar ops on it run about 10x slower than on a contiguous tensor (docs/performance.md)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -87,31 +78,20 @@ class HandWrittenBackward(torch.autograd.Function):
         return dx.to(x.dtype), dweight, None
 
 
-def hand_written(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    return HandWrittenBackward.apply(x, weight, eps)
+IMPLEMENTATIONS = {"eager": eager, "F.rms_norm": functional, "hand-written": HandWrittenBackward.apply}
 
-
-IMPLEMENTATIONS = {"eager": eager, "F.rms_norm": functional, "hand-written": hand_written}
-
-# (device type, input dtype) -> the implementation with the fastest forward+backward in scripts/bench_norms.py
-# (README, "Norm speed"). CPU: the hand-written backward beat the eager formula and F.rms_norm (which runs the
-# formula's ops) in every dtype on an AVX-512 EPYC, also with torch restricted to its AVX2 kernels, and on an
-# AMX Xeon; one 2-core AVX2 machine measured it 1.2x slower than eager in bf16. CUDA: F.rms_norm's fused
-# kernels, one pass each way; not yet measured, as no GPU has run this code (`--device cuda` measures it).
-# Anything else runs the eager formula.
-CHOICE = {
-    ("cpu", torch.float32): "hand-written",
-    ("cpu", torch.bfloat16): "hand-written",
-    ("cpu", torch.float16): "hand-written",
-    ("cuda", torch.float32): "F.rms_norm",
-    ("cuda", torch.bfloat16): "F.rms_norm",
-    ("cuda", torch.float16): "F.rms_norm",
-}
+# device type -> the implementation with the fastest forward+backward in scripts/bench_norms.py, for float32,
+# bfloat16 and float16 input. CPU: the hand-written backward beat the eager formula and F.rms_norm in every dtype
+# on an AVX-512 EPYC (also limited to AVX2 kernels) and on an AMX Xeon; one 2-core AVX2 machine measured it 1.2x
+# slower than eager in bf16. CUDA: F.rms_norm's fused kernels, one pass each way; not yet measured on a GPU.
+# Any other device or dtype runs the eager formula.
+CHOICE = {"cpu": "hand-written", "cuda": "F.rms_norm"}
 
 
 def implementation_for(device_type: str, dtype: torch.dtype) -> str:
     """The path the model's RMSNorm takes for input of this dtype on this kind of device."""
-    return CHOICE.get((device_type, dtype), "eager")
+    measured = dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return CHOICE.get(device_type, "eager") if measured else "eager"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

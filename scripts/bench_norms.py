@@ -13,11 +13,12 @@ Ops (each an nn.Module, so forward+backward also produces the weight gradients a
   model.RMSNorm      model.model_minimind.RMSNorm: whichever of the first three it picks for this device and dtype
   copy               x.clone(): the memory-bandwidth floor for a pass that reads and writes x once
 
-"fwd" runs under torch.no_grad() (inference cost, no graph recorded); "fwd+bwd" runs the forward with autograd
-on and torch.autograd.grad for the input and every parameter (no .grad accumulation, which would add a pass).
-The last lines name the path the model takes here and its time against LayerNorm's, per dtype.
+"fwd" runs under torch.no_grad(); "fwd+bwd" runs torch.autograd.grad for the input and every parameter (no .grad
+accumulation, which would add a pass). The last lines name the path the model takes here and its time against
+LayerNorm's, per dtype.
 """
 
+import itertools
 import json
 import sys
 import time
@@ -68,16 +69,6 @@ OPS = {
 }
 
 
-def bytes_moved(op: str, x_bytes: int, backward: bool) -> int:
-    """Bytes a perfect kernel must move; weights and per-row statistics are O(hidden + tokens) and ignored.
-
-    A norm's forward reads x and writes y (2 passes); its backward reads x and dy and writes dx (3 more).
-    The copy reads and writes x once, and its backward hands dy through untouched, so it is 2 passes either way.
-    """
-    passes = 2 if op == "copy" or not backward else 5
-    return passes * x_bytes
-
-
 def make_case(op: str, dtype: str, args) -> dict:
     """One (op, dtype) cell of the table: its two timers, and the cost of its first training call."""
     module = OPS[op](args.hidden).to(args.device, DTYPES[dtype])
@@ -98,20 +89,12 @@ def make_case(op: str, dtype: str, args) -> dict:
     if args.device == "cuda":
         torch.cuda.synchronize()
     first_call_s = time.perf_counter() - start
-
     # Timer synchronizes CUDA around each block, so GPU times include the kernels. It defaults to one thread,
     # which would hide how the ops use the cores, so it gets torch's own thread count.
-    threads = torch.get_num_threads()
-    return {
-        "op": op,
-        "dtype": dtype,
-        "timers": {
-            t: benchmark.Timer("f()", globals={"f": f}, num_threads=threads)
-            for t, f in (("fwd", fwd), ("fwd_bwd", fwd_bwd))
-        },
-        "x_bytes": x.numel() * x.element_size(),
-        "first_call_s": first_call_s,
-    }
+    timers = {t: benchmark.Timer("f()", globals={"f": f}, num_threads=torch.get_num_threads())
+              for t, f in (("fwd", fwd), ("fwd_bwd", fwd_bwd))}
+    return {"op": op, "dtype": dtype, "timers": timers, "x_bytes": x.numel() * x.element_size(),
+            "first_call_s": first_call_s}
 
 
 def time_cases(cases: list[dict], iters: int) -> None:
@@ -131,62 +114,54 @@ def time_cases(cases: list[dict], iters: int) -> None:
                 ms = timer.timeit(block).mean * 1e3
                 case[f"{t}_ms"] = min(ms, case.get(f"{t}_ms", ms))
     for case in cases:
+        # The bytes a perfect kernel must move: a norm's forward reads x and writes y (2 passes), its backward
+        # reads x and dy and writes dx (3 more); the copy's backward hands dy through, so it is 2 passes either
+        # way. Weights and per-row statistics are O(hidden + tokens) and ignored.
         for t in ("fwd", "fwd_bwd"):
-            case[f"{t}_gbps"] = (
-                bytes_moved(case["op"], case["x_bytes"], t == "fwd_bwd") / case[f"{t}_ms"] / 1e6
-            )
+            passes = 5 if t == "fwd_bwd" and case["op"] != "copy" else 2
+            case[f"{t}_gbps"] = passes * case["x_bytes"] / case[f"{t}_ms"] / 1e6
 
 
 def add_ratios(rows: list[dict]) -> None:
     """time / LayerNorm's time and time / eager RMSNorm's time, same dtype (< 1 means faster)."""
     for base, tag in (("layernorm", "layernorm"), ("rmsnorm_eager", "eager")):
         ref = {r["dtype"]: r for r in rows if r["op"] == base}
-        for r in rows:
-            for t in ("fwd", "fwd_bwd"):
-                r[f"{t}_vs_{tag}"] = r[f"{t}_ms"] / ref[r["dtype"]][f"{t}_ms"] if r["dtype"] in ref else None
+        for r, t in itertools.product(rows, ("fwd", "fwd_bwd")):
+            r[f"{t}_vs_{tag}"] = r[f"{t}_ms"] / ref[r["dtype"]][f"{t}_ms"] if r["dtype"] in ref else None
 
 
-def print_table(rows: list[dict]) -> None:
+def print_results(rows: list[dict], device: str) -> None:
+    """The table, then which implementation model.RMSNorm runs here per dtype with its forward+backward time
+    against LayerNorm's, then torch.compile's first-call cost."""
     def ratio(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
 
-    print(
-        f"{'op':<16}  {'dtype':<5}  {'fwd ms':>8}  {'fwd+bwd ms':>10}  {'fwd GB/s':>8}  {'f+b GB/s':>8}  "
-        f"{'fwd/LN':>6}  {'f+b/LN':>6}  {'fwd/eager':>9}  {'f+b/eager':>9}"
-    )
+    print(f"{'op':<16}  {'dtype':<5}  {'fwd ms':>8}  {'fwd+bwd ms':>10}  {'fwd GB/s':>8}  {'f+b GB/s':>8}  "
+          f"{'fwd/LN':>6}  {'f+b/LN':>6}  {'fwd/eager':>9}  {'f+b/eager':>9}")
     for r in rows:
-        print(
-            f"{r['op']:<16}  {r['dtype']:<5}  {r['fwd_ms']:>8.4f}  {r['fwd_bwd_ms']:>10.4f}  "
-            f"{r['fwd_gbps']:>8.1f}  {r['fwd_bwd_gbps']:>8.1f}  "
-            f"{ratio(r['fwd_vs_layernorm']):>6}  {ratio(r['fwd_bwd_vs_layernorm']):>6}  "
-            f"{ratio(r['fwd_vs_eager']):>9}  {ratio(r['fwd_bwd_vs_eager']):>9}"
-        )
-
-
-def print_model_paths(rows: list[dict], device: str) -> None:
-    """Which implementation model.RMSNorm runs here, per dtype, and its forward+backward time against LayerNorm's."""
+        print(f"{r['op']:<16}  {r['dtype']:<5}  {r['fwd_ms']:>8.4f}  {r['fwd_bwd_ms']:>10.4f}  "
+              f"{r['fwd_gbps']:>8.1f}  {r['fwd_bwd_gbps']:>8.1f}  "
+              f"{ratio(r['fwd_vs_layernorm']):>6}  {ratio(r['fwd_bwd_vs_layernorm']):>6}  "
+              f"{ratio(r['fwd_vs_eager']):>9}  {ratio(r['fwd_bwd_vs_eager']):>9}")
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         line = f"model.RMSNorm on {device} {dtype}: {implementation_for(device, DTYPES[dtype])}"
         model = next((r for r in rows if r["dtype"] == dtype and r["op"] == "model.RMSNorm"), None)
         if model and model["fwd_bwd_vs_layernorm"] is not None:
             line += f", forward+backward {model['fwd_bwd_vs_layernorm']:.2f}x LayerNorm's time"
         print(line)
+    for r in rows:
+        if r["op"] == "rmsnorm_compiled":
+            print(f"rmsnorm_compiled {r['dtype']}: first fwd+bwd call (compilation) took {r['first_call_s']:.1f} s")
 
 
 def main(argv: list[str] | None = None) -> None:
     p = ArgumentParser(description=__doc__)
-    p.add_argument(
-        "--tokens", type=int, default=4 * 256, help="rows of the activation: batch * seq"
-    )
+    p.add_argument("--tokens", type=int, default=4 * 256, help="rows of the activation: batch * seq")
     p.add_argument("--hidden", type=int, default=512, help="normalized dimension, the model's hidden_size")
     p.add_argument("--dtypes", default="fp32,bf16", help=f"comma-separated, from {list(DTYPES)}")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {list(OPS)}")
-    p.add_argument(
-        "--iters", type=int, default=500, help=f"timed calls per measurement, split into {BLOCKS} blocks"
-    )
-    p.add_argument(
-        "--device", default="auto", help="auto (cuda when available), cpu or cuda"
-    )
+    p.add_argument("--iters", type=int, default=500, help=f"timed calls per measurement, split into {BLOCKS} blocks")
+    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: torch's own count); 1 is steadier on a machine shared with other work")
     p.add_argument("--json", type=Path, help="also write the config and every row to this JSON file")
@@ -202,34 +177,17 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"unknown {sorted(unknown)}; allowed: {list(allowed)}")
 
     torch.manual_seed(0)
-    device_name = (
-        torch.cuda.get_device_name()
-        if args.device == "cuda"
-        else f"cpu ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads"
-    )
-    print(
-        f"torch {torch.__version__} | {device_name} | x: {args.tokens} x {args.hidden} | iters {args.iters}"
-    )
+    device_name = (torch.cuda.get_device_name() if args.device == "cuda"
+                   else f"cpu ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__} | {device_name} | x: {args.tokens} x {args.hidden} | iters {args.iters}")
     cases = []
-    for dtype in dtypes:
-        for op in ops:
-            print(
-                f"[{len(cases) + 1}/{len(ops) * len(dtypes)}] first call: {op} {dtype}",
-                file=sys.stderr,
-                flush=True,
-            )
-            cases.append(make_case(op, dtype, args))
+    for dtype, op in itertools.product(dtypes, ops):
+        print(f"[{len(cases) + 1}/{len(ops) * len(dtypes)}] first call: {op} {dtype}", file=sys.stderr, flush=True)
+        cases.append(make_case(op, dtype, args))
     time_cases(cases, args.iters)
     rows = [{k: v for k, v in case.items() if k != "timers"} for case in cases]
     add_ratios(rows)
-
-    print_table(rows)
-    print_model_paths(rows, args.device)
-    for r in rows:
-        if r["op"] == "rmsnorm_compiled":
-            print(
-                f"rmsnorm_compiled {r['dtype']}: first fwd+bwd call (compilation) took {r['first_call_s']:.1f} s"
-            )
+    print_results(rows, args.device)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         config = {k: v for k, v in vars(args).items() if k != "json"} | {

@@ -4,13 +4,14 @@ by default the cores this process may use) against the tokenizer's own encode_ba
     python scripts/bench_tokenize.py                        # a 200 MB JSONL corpus built from the embedded plays
     python scripts/bench_tokenize.py --num_proc 1 2         # also with one process, for the gain from the cores
 
-The corpus is MiniMind's pretraining format, one {"text": ...} object a line, documents of about 2 KB cut from the
-plays and repeated up to the size asked for. prepare_split reads the JSONL, tokenizes, appends end-of-text and
-writes the packed ids (train split: 99 of every 100 documents), into a fresh cache each time; encode_batch gets the
-same documents already in memory, in batches of 10,000, and does nothing else. The ratio is prepare_split's time
-over encode_batch's (1 = the packing pipeline costs nothing beyond tokenizing).
+The corpus is MiniMind's pretraining format, one {"text": ...} line per document of about 2 KB cut from the plays,
+repeated up to the size asked for. prepare_split reads it, tokenizes, appends end-of-text and writes the packed ids
+of the train split into a fresh cache each time; encode_batch gets the same documents already in memory, in
+batches of 10,000, and does nothing else. The ratio is prepare_split's time over encode_batch's (1 = the packing
+pipeline costs nothing beyond tokenizing). docs/data.md ("Tokenizing speed") has a run.
 """
 
+import itertools
 import json
 import sys
 import tempfile
@@ -23,7 +24,7 @@ import datasets
 
 from common.cli import ArgumentParser, UserError, run_cli
 from common.environment import describe, environment, usable_cores, version
-from data import HOLDOUT_EVERY, load_tokenizer, prepare_split, shakespeare_plays
+from data import load_texts, load_tokenizer, prepare_split, shakespeare_plays
 
 DOCUMENT_BYTES = 2000
 ENCODE_BATCH = 10_000
@@ -31,23 +32,16 @@ ENCODE_BATCH = 10_000
 
 def build_corpus(path: Path, megabytes: float) -> int:
     """Write a JSONL corpus of at least `megabytes` MB; return its number of documents."""
-    pieces = [play.read_text(encoding="utf-8") for play in shakespeare_plays()]
-    documents = [text[i : i + DOCUMENT_BYTES] for text in pieces for i in range(0, len(text), DOCUMENT_BYTES)]
-    lines = [json.dumps({"text": document}) + "\n" for document in documents]
-    written, count = 0, 0
+    texts = [play.read_text(encoding="utf-8") for play in shakespeare_plays()]
+    documents = [text[i : i + DOCUMENT_BYTES] for text in texts for i in range(0, len(text), DOCUMENT_BYTES)]
+    written = 0
     with open(path, "w", encoding="utf-8") as f:
-        while written < megabytes * 1e6:
-            line = lines[count % len(lines)]
+        for count, document in enumerate(itertools.cycle(documents), 1):
+            line = json.dumps({"text": document}) + "\n"
             f.write(line)
             written += len(line.encode())
-            count += 1
-    return count
-
-
-def train_documents(path: Path) -> list[str]:
-    """The train split's documents, as the data layer splits a source without a validation split of its own."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line)["text"] for i, line in enumerate(f) if i % HOLDOUT_EVERY]
+            if written >= megabytes * 1e6:
+                return count
 
 
 def main(argv=None) -> None:
@@ -64,9 +58,11 @@ def main(argv=None) -> None:
         corpus = Path(tmp) / "corpus.jsonl"
         count = build_corpus(corpus, args.megabytes)
         print(f"corpus: {corpus.stat().st_size / 1e6:.0f} MB, {count:,} documents")
+        # Every datasets read below gets a fresh cache, or a later one would reuse an earlier one's JSON reading.
+        datasets.config.HF_DATASETS_CACHE = Path(tmp) / "datasets"
+        documents = load_texts(str(corpus), "train")["text"]
         # encode_batch first: a datasets map over several processes turns the tokenizer's own threads off
         # (TOKENIZERS_PARALLELISM=false) while it forks, and this process's later encode_batch ran at half speed
-        documents = train_documents(corpus)
         start = time.perf_counter()
         tokens = 0
         for i in range(0, len(documents), ENCODE_BATCH):
@@ -75,7 +71,6 @@ def main(argv=None) -> None:
         encode_s = time.perf_counter() - start
         packed_s = {}
         for num_proc in args.num_proc:
-            # a fresh datasets cache, or the second count would reuse the first one's JSON reading and map
             datasets.config.HF_DATASETS_CACHE = Path(tmp) / f"datasets{num_proc}"
             start = time.perf_counter()
             packed = prepare_split(str(corpus), "train", tokenizer, cache_dir=Path(tmp) / f"cache{num_proc}",

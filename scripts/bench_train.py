@@ -4,13 +4,12 @@
     python scripts/bench_train.py --device cuda --dtype bfloat16 --batch_size 32 --seq_len 512
     python scripts/bench_train.py --modes eager        # skip torch.compile (minutes of compiling on a small CPU)
 
-One step = forward + backward + AdamW step (the trainer's fused AdamW), on the same random batch for every row;
-the two models hold identical weights (the MiniMind state dict is loaded into the Llama), and each mode gets
-its own copies. "compiled" wraps the model in torch.compile, as the trainer's --compile does. The first step of
-each row is timed apart: for a compiled row it includes the compilation, reported as compile s (first step
-minus a steady one). Rounds then alternate over all rows so that a noisy machine slows them alike; each row's
-figure is its median round, and the ratio MiniMind / Llama per mode comes from those medians (> 1: MiniMind is
-faster). MFU is printed where the device's peak is known (trainer/diagnostics.py: bf16/fp16 on known GPUs).
+One step = forward + backward + AdamW step (the trainer's optimizer) on the same random batch for every row; both
+models hold identical weights and each mode gets its own copies ("compiled" is torch.compile, as the trainer's
+--compile). A row's first step is timed apart (for a compiled row, minus a steady step, it is the compile time);
+then rounds alternate over all rows so that a noisy machine slows them alike, and each row's figure is its median
+round. Ratio MiniMind / Llama per mode: > 1, MiniMind is faster. MFU where the device's peak is known
+(trainer/diagnostics.py). docs/performance.md has a run and its reading.
 """
 
 import copy
@@ -37,11 +36,6 @@ from trainer.optim import build_optimizer
 MODES = ("eager", "compiled")
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def make_step(model, optimizer, x, y, mixed_precision, minimind: bool):
     def step():
         with mixed_precision:
@@ -53,11 +47,14 @@ def make_step(model, optimizer, x, y, mixed_precision, minimind: bool):
 
 
 def time_round(step, steps: int, device) -> float:
-    sync(device)
+    """Seconds for `steps` calls of step, with the GPU's queue drained at both ends."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     t = time.perf_counter()
     for _ in range(steps):
         step()
-    sync(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - t
 
 
@@ -113,20 +110,22 @@ def main(argv: list[str] | None = None) -> None:
     n_params = sum(p.numel() for p in minimind.parameters())
     peak = peak_flops(device, dtype)
     step_flops = flops_per_token(n_params, config.num_hidden_layers, config.hidden_size, args.seq_len) * tokens
+    results = []
+    for (name, mode), row in rows.items():
+        s_per_step = statistics.median(times[name, mode]) / args.steps
+        results.append({"model": name, "mode": mode, "tokens_per_s": tokens / s_per_step, "s_per_step": s_per_step,
+                        "compile_s": row["first_s"] - s_per_step if mode == "compiled" else None,
+                        "mfu": step_flops / s_per_step / peak if peak else None})
+    rate = {(r["model"], r["mode"]): r["tokens_per_s"] for r in results}
+
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"\n{n_params / 1e6:.2f}M params, batch {args.batch_size}x{args.seq_len}, {args.dtype}, {device_name}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"{'model':<10}{'mode':<10}{'tokens/s':>12}{'s/step':>10}{'compile s':>11}{'MFU':>8}")
-    rate, results = {}, []
-    for (name, mode), row in rows.items():
-        s_per_step = statistics.median(times[name, mode]) / args.steps
-        rate[name, mode] = tokens / s_per_step
-        compile_s = f"{row['first_s'] - s_per_step:.1f}" if mode == "compiled" else "-"
-        mfu = f"{step_flops / s_per_step / peak:.1%}" if peak else "-"
-        print(f"{name:<10}{mode:<10}{rate[name, mode]:>12.0f}{s_per_step:>10.3f}{compile_s:>11}{mfu:>8}")
-        results.append({"model": name, "mode": mode, "tokens_per_s": rate[name, mode], "s_per_step": s_per_step,
-                        "compile_s": row["first_s"] - s_per_step if mode == "compiled" else None,
-                        "mfu": step_flops / s_per_step / peak if peak else None})
+    for r in results:
+        compile_s = "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}"
+        mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
+        print(f"{r['model']:<10}{r['mode']:<10}{r['tokens_per_s']:>12.0f}{r['s_per_step']:>10.3f}{compile_s:>11}{mfu:>8}")
     for mode in modes:
         print(f"ratio minimind/llama {mode}: {rate['minimind', mode] / rate['llama', mode]:.3f}")
     if "compiled" in modes and "eager" in modes:

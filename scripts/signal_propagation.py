@@ -4,18 +4,14 @@ through depth, before any training.
     python scripts/signal_propagation.py                                  # 9 variants x depths 4..128, hidden 128
     python scripts/signal_propagation.py --variants pre-rmsnorm post-rmsnorm --depths 4 8 16 --hidden_size 64
 
-For every variant (a <placement>-<norm> name of study/variants.py) and depth it builds the model exactly as
-the trainer would (same flags, same initialization, fixed --seed), runs one forward and backward of the language-
-model loss on the first --batch_size windows of held-out text (the validation split through the data layer),
-and records per block: the RMS of the residual stream entering it, the gradient norm of its parameters, the
-cosine between the stream entering and leaving it, the largest attention logit, max|x|/median|x|, the excess
-kurtosis of the stream, the attention probability on token 0 and, with attention sinks, on the sinks (the
-trainer's own diagnostics, trainer/diagnostics.py). It prints a summary table and what theory predicts next to
-what was measured, and writes the per-block numbers (JSON) and a figure to --out_dir.
+Each variant (a name of study/variants.py) at each depth is built as the trainer builds it (same flags and init,
+fixed --seed) and runs one forward and backward of the language-model loss on the first --batch_size held-out
+windows, recording the trainer's per-block diagnostics (trainer/diagnostics.py). It prints a table and what theory
+predicts next to what was measured, and writes the per-block numbers (JSON) and a figure to --out_dir; a run is
+read in docs/results/depth.md.
 
-The textbook predictions assume sublayer outputs about as large as the stream they join. With the model's
-N(0, 0.02) initialization at hidden 128 they are far smaller, so some predictions need not hold at
-initialization; a block cosine near 1 in the table means the block hardly changes the stream, which is why.
+The textbook predictions assume sublayer outputs about as large as the stream they join; with the model's
+N(0, 0.02) init at hidden 128 they are far smaller, so some need not hold at init (a block cosine near 1 shows it).
 """
 
 import copy
@@ -90,6 +86,11 @@ def loglog_slope(xs, ys) -> float:
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
+def rms_range(values: list[float]) -> tuple[str, bool]:
+    """How a stream that should have RMS 1 measured, and whether every value is within 0.05 of 1."""
+    return f"RMS {min(values):.3f}..{max(values):.3f}", max(abs(v - 1) for v in values) < 0.05
+
+
 def theory(results: list[dict], head_dim: int, mix_ln_fraction: float,
            hidden_size: int | None = None) -> list[tuple[str, str, str, bool]]:
     """(variant, what theory says, what was measured, whether they agree) for each variant that has a prediction
@@ -100,38 +101,42 @@ def theory(results: list[dict], head_dim: int, mix_ln_fraction: float,
     deep = depths[-1]
     checks = []
 
+    def at_deep(*variants: str) -> bool:
+        return all((v, deep) in by for v in variants)
+
+    def every_depth(variant: str) -> list[dict]:
+        return [by[variant, d] for d in depths if (variant, d) in by]
+
     def variance_growth(variant):  # after l blocks (l >= 1): exponent of var ~ l^p and the variance added per block
         var = np.square(by[variant, deep]["residual_rms"][1:])
         blocks = np.arange(1, len(var) + 1)
         return loglog_slope(blocks, var), float(np.polyfit(blocks, var, 1)[0])
 
-    if ("pre-rmsnorm", deep) in by and deep >= 4:
+    if at_deep("pre-rmsnorm") and deep >= 4:
         p, per_block = variance_growth("pre-rmsnorm")
         checks.append(("pre-rmsnorm", "residual variance grows about linearly with depth (var ~ l^1)",
                        f"var ~ l^{p:.2f} over {deep} blocks, +{per_block:.3g} per block", 0.7 <= p <= 1.3))
-    if ("pre+depth-rmsnorm", deep) in by and ("pre-rmsnorm", deep) in by and deep >= 4:
-        p_scaled, _ = variance_growth("pre+depth-rmsnorm")
-        p_pre, _ = variance_growth("pre-rmsnorm")
-        checks.append(("pre+depth-rmsnorm", "1/sqrt(l) on the input norms slows the variance growth of pre",
-                       f"var ~ l^{p_scaled:.2f} vs pre's l^{p_pre:.2f}", p_scaled < p_pre))
-    if ("peri-rmsnorm", deep) in by and deep >= 4:
+        if at_deep("pre+depth-rmsnorm"):
+            p_scaled, _ = variance_growth("pre+depth-rmsnorm")
+            checks.append(("pre+depth-rmsnorm", "1/sqrt(l) on the input norms slows the variance growth of pre",
+                           f"var ~ l^{p_scaled:.2f} vs pre's l^{p:.2f}", p_scaled < p))
+    if at_deep("peri-rmsnorm") and deep >= 4:
         p, per_block = variance_growth("peri-rmsnorm")
         checks.append(("peri-rmsnorm", "each sublayer adds an output of RMS 1: variance +2 per block, no faster",
                        f"+{per_block:.2f} per block, var ~ l^{p:.2f}", 1.5 <= per_block <= 2.5))
-    post_depths = [d for d in depths if ("post-rmsnorm", d) in by]
-    if len(post_depths) > 1:
-        first = [by["post-rmsnorm", d]["layer_grad_norm"][0] for d in post_depths]
-        slope = loglog_slope(post_depths, first)
+    if len(post := every_depth("post-rmsnorm")) > 1:
+        first = [r["layer_grad_norm"][0] for r in post]
+        slope = loglog_slope([r["depth"] for r in post], first)
         checks.append(("post-rmsnorm", "the bottom block's gradient shrinks as depth grows",
-                       f"block-0 gradient ~ L^{slope:.2f} ({first[0]:.3g} at L={post_depths[0]}, "
-                       f"{first[-1]:.3g} at L={post_depths[-1]})", slope < 0))
-    deep_norm = [v for d in depths if ("deepnorm-rmsnorm", d) in by for v in by["deepnorm-rmsnorm", d]["residual_rms"][1:]]
-    if deep_norm:  # every block ends in a unit-gain norm, so every block after the first receives RMS 1
+                       f"block-0 gradient ~ L^{slope:.2f} ({first[0]:.3g} at L={post[0]['depth']}, "
+                       f"{first[-1]:.3g} at L={post[-1]['depth']})", slope < 0))
+    if deep_norm := [v for r in every_depth("deepnorm-rmsnorm") for v in r["residual_rms"][1:]]:
+        # every block ends in a unit-gain norm, so every block after the first receives RMS 1
         checks.append(("deepnorm-rmsnorm", "the stream stays bounded: RMS 1 after every block, at every depth",
-                       f"RMS {min(deep_norm):.3f}..{max(deep_norm):.3f}", max(abs(v - 1) for v in deep_norm) < 0.05))
-    if ("pre-rmsnorm", deep) in by:
+                       *rms_range(deep_norm)))
+    if at_deep("pre-rmsnorm"):
         spread = {v: by[v, deep]["gradient_spread"] for v in ("pre-rmsnorm", "peri-rmsnorm", "mix-rmsnorm",
-                                                              "deepnorm-rmsnorm", "pre+depth-rmsnorm") if (v, deep) in by}
+                                                              "deepnorm-rmsnorm", "pre+depth-rmsnorm") if at_deep(v)}
         grads = by["pre-rmsnorm", deep]["layer_grad_norm"]
         checks.append(("pre-rmsnorm", "deeper blocks get smaller gradients (the curse of depth)",
                        f"last / first block gradient {grads[-1] / grads[0]:.3g} at L={deep}", grads[-1] < grads[0]))
@@ -140,57 +145,50 @@ def theory(results: list[dict], head_dim: int, mix_ln_fraction: float,
                 checks.append((variant, "block gradients more even than pre's (smaller max / min over blocks)",
                                f"max / min {value:.3g} vs pre's {spread['pre-rmsnorm']:.3g} at L={deep}",
                                value < spread["pre-rmsnorm"]))
-    if ("mix-rmsnorm", deep) in by:
-        r = by["mix-rmsnorm", deep]
+    if at_deep("mix-rmsnorm"):
         n_post = math.floor(mix_ln_fraction * deep)
-        after_post = r["residual_rms"][1:n_post + 1]
+        after_post = by["mix-rmsnorm", deep]["residual_rms"][1:n_post + 1]
         checks.append(("mix-rmsnorm", f"the first {n_post} (Post-Norm) blocks hand on a stream of RMS 1",
-                       "RMS " + (f"{min(after_post):.3f}..{max(after_post):.3f}" if after_post else "n/a"),
-                       all(abs(v - 1) < 0.05 for v in after_post)))
-    qk = [by["pre+qk_head-rmsnorm", d] for d in depths if ("pre+qk_head-rmsnorm", d) in by]
-    if qk:
+                       *(rms_range(after_post) if after_post else ("RMS n/a", True))))
+    if qk := every_depth("pre+qk_head-rmsnorm"):
         largest = max(v for r in qk for v in r["max_attn_logit"])
         checks.append(("pre+qk_head-rmsnorm", f"unit-gain QK-norm caps every logit at sqrt(head_dim) = "
                        f"{math.sqrt(head_dim):.2f}", f"largest logit {largest:.3f}", largest <= math.sqrt(head_dim) + 1e-3))
     for variant, first in (("hybrid-rmsnorm", 1), ("hybrid_star-rmsnorm", 2)):
         # N(x + Attn(x)) hands the MLP RMS 1; the MLP's update at init is small beside it
-        after = [v for d in depths if (variant, d) in by for v in by[variant, d]["residual_rms"][first:]]
-        if after:
+        if after := [v for r in every_depth(variant) for v in r["residual_rms"][first:]]:
             checks.append((variant, f"Post-Norm around attention: blocks from {first} on receive RMS about 1, at "
-                           "every depth", f"RMS {min(after):.3f}..{max(after):.3f}",
-                           max(abs(v - 1) for v in after) < 0.05))
-    if ("pre+one_plus_w-rmsnorm", deep) in by and ("pre-rmsnorm", deep) in by:
+                           "every depth", *rms_range(after)))
+    if at_deep("pre+one_plus_w-rmsnorm", "pre-rmsnorm"):
         same = all(by["pre+one_plus_w-rmsnorm", d][key] == by["pre-rmsnorm", d][key] for d in depths
                    for key in ("loss", "residual_rms", "layer_grad_norm"))
         checks.append(("pre+one_plus_w-rmsnorm", "w = 0 applied as 1 + w is pre's function at init, bit for bit",
                        "loss, stream RMS and block gradients " + ("identical" if same else "differ"), same))
-    if ("pre+sub-rmsnorm", deep) in by and ("pre-rmsnorm", deep) in by:
+    if at_deep("pre+sub-rmsnorm", "pre-rmsnorm"):
         sub, pre = by["pre+sub-rmsnorm", deep]["residual_rms"][-1], by["pre-rmsnorm", deep]["residual_rms"][-1]
         checks.append(("pre+sub-rmsnorm", "sub-norms feed o_proj and down_proj unit-RMS inputs, so each sublayer "
                        "writes a larger update than in pre and the stream grows faster",
                        f"last-block RMS {sub:.3g} vs pre's {pre:.3g} at L={deep}", sub > pre))
-    if hidden_size and ("pre+embed_scale-rmsnorm", deep) in by and ("pre-rmsnorm", deep) in by:
+    if hidden_size and at_deep("pre+embed_scale-rmsnorm", "pre-rmsnorm"):
         ratio = by["pre+embed_scale-rmsnorm", deep]["residual_rms"][0] / by["pre-rmsnorm", deep]["residual_rms"][0]
         checks.append(("pre+embed_scale-rmsnorm", f"x sqrt(d) multiplies the stream entering block 0 by "
                        f"{math.sqrt(hidden_size):.2f}", f"{ratio:.2f} x pre's", abs(ratio / math.sqrt(hidden_size) - 1) < 1e-3))
-    if ("pre+embed_norm-rmsnorm", deep) in by:
+    if at_deep("pre+embed_norm-rmsnorm"):
         first = by["pre+embed_norm-rmsnorm", deep]["residual_rms"][0]
         checks.append(("pre+embed_norm-rmsnorm", "a unit-gain norm after the lookup: block 0 receives RMS 1 "
                        "(less eps's share at RMS 0.02)", f"RMS {first:.3f}", abs(first - 1) < 0.05))
-    both = [d for d in depths if ("pre-seednorm", d) in by and ("pre-rmsnorm", d) in by]
-    if both:
+    if both := [d for d in depths if ("pre-seednorm", d) in by and ("pre-rmsnorm", d) in by]:
         same = all(by["pre-seednorm", d][key] == by["pre-rmsnorm", d][key] for d in both
                    for key in ("loss", "residual_rms"))
         checks.append(("pre-seednorm", "with beta = 0, tanh(x . beta) = 0 and SeeDNorm is RMSNorm: pre's function "
                        "at init, bit for bit", "loss and stream RMS " + ("identical" if same else "differ"), same))
-    rezero = [by["rezero", d] for d in depths if ("rezero", d) in by]
-    if rezero:  # x + a * F(x) with a = 0: each block hands on exactly what it received
+    if rezero := every_depth("rezero"):  # x + a * F(x) with a = 0: each block hands on exactly what it received
         cosine = min(min(r["block_cosine"]) for r in rezero)
         spread = max(max(r["residual_rms"]) / min(r["residual_rms"]) for r in rezero)
         checks.append(("rezero", "every block is the identity at init (a = 0): cosine 1, the stream's RMS unchanged",
                        f"block cosine >= {cosine:.6f}, RMS varies by a factor {spread:.6f}",
                        cosine > 1 - 1e-5 and spread < 1 + 1e-6))
-    if ("pre-none", deep) in by:
+    if at_deep("pre-none"):
         cosine = by["pre-none", deep]["block_cosine"]
         checks.append(("pre-none", "without norms the 0.02-scale stream hardly moves: blocks act as identity",
                        f"block cosine {min(cosine):.4f}..{max(cosine):.4f}", min(cosine) > 0.9))

@@ -16,8 +16,9 @@ from scripts import bench_norms, why_normalization
 EPS = 1e-5
 # (input dtype, weight dtype): float32 and half-precision models, and autocast's bf16 activations with the
 # float32 parameter, where the formula promotes the output to float32.
-DTYPE_CASES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
-               (torch.bfloat16, torch.float32)]
+DTYPE_CASES = [pytest.param(x, w, id=f"{x}-{w}".replace("torch.", "")) for x, w in [
+    (torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+    (torch.bfloat16, torch.float32)]]
 
 
 def eager_rmsnorm(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
@@ -27,9 +28,9 @@ def eager_rmsnorm(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     return y * weight if weight is not None else y
 
 
-def grads(out: torch.Tensor, inputs: list[torch.Tensor], seed: int = 1) -> list[torch.Tensor]:
-    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype)
-    return list(torch.autograd.grad(out, inputs, dy))
+def grads(out: torch.Tensor, inputs: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+    return list(torch.autograd.grad(out, [t for t in inputs if t is not None], dy))
 
 
 def check_against_eager(norm, x: torch.Tensor, weight: torch.Tensor | None) -> None:
@@ -40,8 +41,7 @@ def check_against_eager(norm, x: torch.Tensor, weight: torch.Tensor | None) -> N
     out, ref = norm(x, weight), eager_rmsnorm(x_ref, w_ref)
     assert out.dtype == ref.dtype
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
-    ours = grads(out, [x] + ([weight] if weight is not None else []))
-    theirs = grads(ref, [x_ref] + ([w_ref] if w_ref is not None else []))
+    ours, theirs = grads(out, [x, weight]), grads(ref, [x_ref, w_ref])
     assert [g.dtype for g in ours] == [g.dtype for g in theirs]
     tol = 1e-5 if x.dtype == torch.float32 else 2e-2
     for a, b in zip(ours, theirs, strict=True):
@@ -49,10 +49,9 @@ def check_against_eager(norm, x: torch.Tensor, weight: torch.Tensor | None) -> N
 
 
 @pytest.mark.parametrize("affine", [True, False])
-@pytest.mark.parametrize("dtypes", DTYPE_CASES, ids=lambda d: f"{d[0]}-{d[1]}".replace("torch.", ""))
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPE_CASES)
 @pytest.mark.parametrize("name", list(kernels.IMPLEMENTATIONS))
-def test_every_implementation_matches_eager(name, dtypes, affine):
-    x_dtype, w_dtype = dtypes
+def test_every_implementation_matches_eager(name, x_dtype, w_dtype, affine):
     torch.manual_seed(0)
     x = (torch.randn(4, 9, 64) * 3).to(x_dtype).requires_grad_()
     weight = torch.empty(64).uniform_(0.5, 1.5).to(w_dtype).requires_grad_() if affine else None
@@ -72,9 +71,8 @@ def test_noncontiguous_input_and_expanded_grad(name):
     torch.testing.assert_close(weight.grad, w_ref.grad, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtypes", DTYPE_CASES, ids=lambda d: f"{d[0]}-{d[1]}".replace("torch.", ""))
-def test_model_rmsnorm_takes_the_chosen_path_and_matches_eager(dtypes, monkeypatch):
-    x_dtype, w_dtype = dtypes
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPE_CASES)
+def test_model_rmsnorm_takes_the_chosen_path_and_matches_eager(x_dtype, w_dtype, monkeypatch):
     taken = []
     for name, implementation in dict(kernels.IMPLEMENTATIONS).items():
         monkeypatch.setitem(kernels.IMPLEMENTATIONS, name,
@@ -108,11 +106,10 @@ def test_compiled_model_traces_the_plain_formula():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("dtypes", DTYPE_CASES, ids=lambda d: f"{d[0]}-{d[1]}".replace("torch.", ""))
-def test_cuda_path_matches_eager_on_cuda(dtypes):
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPE_CASES)
+def test_cuda_path_matches_eager_on_cuda(x_dtype, w_dtype):
     """F.rms_norm's fused CUDA kernel sums the squares in another order than eager's mean, so the output may
-    differ from the formula's in the last bit (never checked on a GPU yet: `pytest -k cuda` on one does)."""
-    x_dtype, w_dtype = dtypes
+    differ from the formula's in the last bit (`pytest -k cuda` on a GPU checks it)."""
     torch.manual_seed(0)
     x = (torch.randn(64, 9, 512, device="cuda") * 3).to(x_dtype).requires_grad_()
     weight = torch.empty(512, device="cuda").uniform_(0.5, 1.5).to(w_dtype).requires_grad_()
@@ -131,16 +128,10 @@ def tiny_net(norm: nn.Module) -> nn.Sequential:
 
 
 def test_autocast_bf16_forward_backward_matches_eager_reference():
-    class EagerNorm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(32))
-
-        def forward(self, x):
-            return eager_rmsnorm(x, self.weight)
-
+    reference = RMSNorm(32, EPS)
+    reference.forward = lambda x: eager_rmsnorm(x, reference.weight)
     x = torch.randn(4, 8, 32)
-    nets = [tiny_net(RMSNorm(32, EPS)), tiny_net(EagerNorm())]
+    nets = [tiny_net(RMSNorm(32, EPS)), tiny_net(reference)]
     for net in nets:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = net(x)
@@ -176,59 +167,42 @@ def test_torch_compile_matches_eager(affine):
 
 @pytest.mark.slow  # its rmsnorm_compiled rows are inductor compiles
 def test_bench_norms_script(tmp_path, capsys, fresh_dynamo):
-    ops = ["rmsnorm_eager", "F.rms_norm", "hand-written", "layernorm", "rmsnorm_compiled", "model.RMSNorm", "copy"]
     bench_norms.main(["--tokens", "64", "--hidden", "32", "--iters", "5", "--device", "cpu",
                       "--json", str(tmp_path / "bench.json")])
-    out = capsys.readouterr().out
-    lines = out.splitlines()
+    lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.startswith("op "))
     for col in ["dtype", "fwd ms", "fwd+bwd ms", "fwd GB/s", "f+b GB/s", "fwd/LN", "f+b/LN", "fwd/eager"]:
         assert col in header
-    for op in ops:
-        for dtype in ["fp32", "bf16"]:
-            assert any(line.split()[:2] == [op, dtype] for line in lines), (op, dtype)
-
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["config"]["tokens"] == 64 and data["config"]["hidden"] == 32
     assert data["environment"]["torch"] == torch.__version__ and data["environment"]["threads"] >= 1
     rows = data["results"]
+    cells = [(op, dtype) for dtype in ["fp32", "bf16"] for op in bench_norms.OPS]
+    assert [(r["op"], r["dtype"]) for r in rows] == cells
+    assert all(any(line.split()[:2] == list(cell) for line in lines) for cell in cells)
     for dtype, torch_dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
         path = kernels.implementation_for("cpu", torch_dtype)
         assert data["config"]["model_paths"][dtype] == path
         model_row = next(r for r in rows if r["op"] == "model.RMSNorm" and r["dtype"] == dtype)
         assert f"model.RMSNorm on cpu {dtype}: {path}, forward+backward " \
                f"{model_row['fwd_bwd_vs_layernorm']:.2f}x LayerNorm's time" in lines
-    assert sorted((r["op"], r["dtype"]) for r in rows) == sorted(
-        (o, d) for o in ops for d in ["fp32", "bf16"]
-    )
     for r in rows:
-        for key in [
-            "fwd_ms",
-            "fwd_bwd_ms",
-            "fwd_gbps",
-            "fwd_bwd_gbps",
-            "first_call_s",
-            "fwd_vs_layernorm",
-            "fwd_bwd_vs_layernorm",
-            "fwd_vs_eager",
-            "fwd_bwd_vs_eager",
-        ]:
+        for key in ["fwd_ms", "fwd_bwd_ms", "fwd_gbps", "fwd_bwd_gbps", "first_call_s", "fwd_vs_layernorm",
+                    "fwd_bwd_vs_layernorm", "fwd_vs_eager", "fwd_bwd_vs_eager"]:
             assert math.isfinite(r[key]) and r[key] > 0, (r["op"], key, r[key])
 
 
-def test_bench_norms_rejects_unknown_op(capsys):
+@pytest.mark.parametrize("main,argv,message", [
+    (bench_norms.main, ["--ops", "nope"], "error: unknown ['nope']; allowed: " + str(list(bench_norms.OPS))),
+    (bench_norms.main, ["--dtypes", "fp8"], "error: unknown ['fp8']; allowed: ['fp32', 'bf16', 'fp16']"),
+    *[(why_normalization.main, [flag, value], f"error: {flag} must be a positive integer, got {value}")
+      for flag, value in [("--layers", "0"), ("--width", "-3"), ("--batch", "0")]],
+])
+def test_bad_flags_are_one_line_errors(main, argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
-        run_cli(lambda: bench_norms.main(["--ops", "nope"]))
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert stopped.value.code == 2 and len(lines) == 1 and lines[0].startswith("error:") and "nope" in lines[0]
-
-
-@pytest.mark.parametrize("flag,value", [("--layers", "0"), ("--width", "-3"), ("--batch", "0")])
-def test_why_normalization_rejects_a_size_below_one(flag, value, capsys):
-    with pytest.raises(SystemExit) as stopped:
-        run_cli(lambda: why_normalization.main([flag, value]))
+        run_cli(lambda: main(argv))
     assert stopped.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"error: {flag} must be a positive integer, got {value}"]
+    assert capsys.readouterr().err.strip().splitlines() == [message]
 
 
 def test_why_normalization_script(tmp_path, capsys):

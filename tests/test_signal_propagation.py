@@ -56,27 +56,51 @@ def test_tiny_run_matches_a_direct_computation(tmp_path, tiny_corpus, tiny_token
     assert measured["gradient_spread"] == pytest.approx(max(grads) / min(grads))
 
 
-def synthetic(variant: str, depth: int, rms=None, grads=None) -> dict:
-    grads = grads or [1.0] * depth
-    return {"variant": variant, "depth": depth, "residual_rms": rms or [1.0] * depth, "layer_grad_norm": grads,
+def synthetic(variant: str, depth: int, **fields) -> dict:
+    grads = fields.get("layer_grad_norm", [1.0] * depth)
+    return {"variant": variant, "depth": depth, "loss": 1.0, "residual_rms": [1.0] * depth, "layer_grad_norm": grads,
             "gradient_spread": max(grads) / min(grads), "block_cosine": [0.5] * depth,
-            "max_attn_logit": [1.0] * depth}
+            "max_attn_logit": [1.0] * depth, **fields}
 
 
-def test_theory_checks_agree_and_differ_when_they_should():
-    linear = [0.02] + [math.sqrt(0.01 * n) for n in range(1, 16)]  # variance grows by 0.01 per block
-    quadratic = [0.02] + [0.1 * n for n in range(1, 16)]  # variance ~ l^2
-    shrinking = [synthetic("post-rmsnorm", 4, grads=[1.0] * 4), synthetic("post-rmsnorm", 16, grads=[0.25] * 16)]
-    checks = signal_propagation.theory([synthetic("pre-rmsnorm", 16, rms=linear), *shrinking], 16, 0.25)
-    verdicts = {(variant, claim.split()[0]): agrees for variant, claim, _, agrees in checks}
-    assert verdicts == {("pre-rmsnorm", "residual"): True, ("pre-rmsnorm", "deeper"): False,
-                        ("post-rmsnorm", "the"): True}
-    growing = [synthetic("post-rmsnorm", 4, grads=[0.25] * 4), synthetic("post-rmsnorm", 16, grads=[1.0] * 16)]
-    checks = signal_propagation.theory([synthetic("pre-rmsnorm", 16, rms=quadratic), *growing], 16, 0.25)
-    assert [agrees for _, _, _, agrees in checks] == [False, False, False]
-    qk = synthetic("pre+qk_head-rmsnorm", 4)
-    qk["max_attn_logit"] = [3.9, 4.2, 1.0, 1.0]
-    assert signal_propagation.theory([qk], 16, 0.25)[0][3] is False  # 4.2 > sqrt(16)
+def by_rms(rms: dict[str, list[float]]) -> list[dict]:
+    return [synthetic(variant, len(values), residual_rms=values) for variant, values in rms.items()]
+
+
+LINEAR = [0.02] + [math.sqrt(0.01 * n) for n in range(1, 16)]  # variance grows by 0.01 per block
+QUADRATIC = [0.02] + [0.1 * n for n in range(1, 16)]  # variance ~ l^2
+PRE = [0.02] + [0.05] * 7
+MORE_RECENT = ["hybrid-rmsnorm", "hybrid_star-rmsnorm", "pre+one_plus_w-rmsnorm", "pre+sub-rmsnorm",
+               "pre+embed_scale-rmsnorm", "pre+embed_norm-rmsnorm"]
+# (variants whose every check must agree on the first results and differ on the second, the results, hidden_size)
+THEORY_CASES = {
+    "depth": (["pre-rmsnorm", "post-rmsnorm"], [
+        synthetic("pre-rmsnorm", 16, residual_rms=LINEAR, layer_grad_norm=[1.0 - 0.05 * i for i in range(16)]),
+        synthetic("post-rmsnorm", 4), synthetic("post-rmsnorm", 16, layer_grad_norm=[0.25] * 16)], [
+        synthetic("pre-rmsnorm", 16, residual_rms=QUADRATIC),
+        synthetic("post-rmsnorm", 4, layer_grad_norm=[0.25] * 4), synthetic("post-rmsnorm", 16)], None),
+    "qk_norm": (["pre+qk_head-rmsnorm"], [synthetic("pre+qk_head-rmsnorm", 4, max_attn_logit=[3.9, 4.0, 1.0, 1.0])],
+                [synthetic("pre+qk_head-rmsnorm", 4, max_attn_logit=[3.9, 4.2, 1.0, 1.0])], None),  # sqrt(16) = 4
+    "more_recent": (MORE_RECENT, by_rms(dict(zip(["pre-rmsnorm", *MORE_RECENT], [
+        PRE, [0.02] + [1.0] * 7, [0.02, 0.08] + [1.0] * 6, PRE, [0.02] + [0.9] * 7, [0.16] + [0.2] * 7, [0.99] * 8],
+        strict=True))), by_rms(dict(zip(["pre-rmsnorm", *MORE_RECENT], [
+            PRE, [0.02] + [1.3] * 7, [0.02, 0.08] + [0.5] * 6, [0.02] + [0.06] * 7, [0.02] + [0.04] * 7, [0.02] * 8,
+            [0.5] * 8], strict=True))), 64),
+    "same_function_and_identity": (["pre-seednorm", "rezero"], [
+        synthetic("pre-rmsnorm", 4), synthetic("pre-seednorm", 4),
+        synthetic("rezero", 4, residual_rms=[0.02] * 4, block_cosine=[1.0] * 4)], [
+        synthetic("pre-rmsnorm", 4), {**synthetic("pre-seednorm", 4), "loss": 1.01},
+        synthetic("rezero", 4, residual_rms=[0.02, 0.03, 0.04, 0.05], block_cosine=[0.9] * 4)], None),
+}
+
+
+@pytest.mark.parametrize("variants,agreeing,differing,hidden_size", THEORY_CASES.values(), ids=THEORY_CASES)
+def test_theory_checks_agree_and_differ_when_they_should(variants, agreeing, differing, hidden_size):
+    for results, expected in ((agreeing, True), (differing, False)):
+        verdicts = {}
+        for variant, _, _, agrees in signal_propagation.theory(results, 16, 0.25, hidden_size):
+            verdicts.setdefault(variant, []).append(agrees)
+        assert {v: verdicts[v] for v in variants} == {v: [expected] * len(verdicts[v]) for v in variants}
 
 
 def test_bad_flags_are_one_line_errors():
@@ -86,23 +110,6 @@ def test_bad_flags_are_one_line_errors():
         signal_propagation.parse_args(["--depths", "4", "-1"])
     with pytest.raises(UserError, match="--seq_len must be a positive integer"):
         signal_propagation.parse_args(["--seq_len", "0"])
-
-
-def test_theory_checks_for_hybrid_sub_norm_embedding_and_gain():
-    def run(rms: dict) -> dict:
-        results = [{**synthetic(variant, 8, rms=values), "loss": 1.0} for variant, values in rms.items()]
-        return {variant: agrees for variant, _, _, agrees in signal_propagation.theory(results, 16, 0.25, 64)}
-
-    new = ["hybrid-rmsnorm", "hybrid_star-rmsnorm", "pre+one_plus_w-rmsnorm", "pre+sub-rmsnorm",
-           "pre+embed_scale-rmsnorm", "pre+embed_norm-rmsnorm"]
-    pre = [0.02] + [0.05] * 7
-    good = run(dict(zip(["pre-rmsnorm", *new], [pre, [0.02] + [1.0] * 7, [0.02, 0.08] + [1.0] * 6, pre,
-                                                [0.02] + [0.9] * 7, [0.16] + [0.2] * 7, [0.99] * 8], strict=True)))
-    bad = run(dict(zip(["pre-rmsnorm", *new], [pre, [0.02] + [1.3] * 7, [0.02, 0.08] + [0.5] * 6,
-                                               [0.02] + [0.06] * 7, [0.02] + [0.04] * 7, [0.02] * 8, [0.5] * 8],
-                       strict=True)))
-    assert [good[v] for v in new] == [True] * 6
-    assert [bad[v] for v in new] == [False] * 6
 
 
 def test_the_newer_norms_measure_and_their_checks_agree(tmp_path, tiny_corpus, tiny_tokenizer_dir, monkeypatch,
@@ -119,15 +126,3 @@ def test_the_newer_norms_measure_and_their_checks_agree(tmp_path, tiny_corpus, t
     checks = {t["variant"]: t["agrees"] for t in data["theory"] if t["variant"] in ("pre-seednorm", "rezero")}
     assert checks == {"pre-seednorm": True, "rezero": True}
     assert "rezero " in capsys.readouterr().out
-
-
-def test_theory_checks_for_seednorm_and_rezero_differ_when_they_should():
-    pre = {**synthetic("pre-rmsnorm", 4), "loss": 5.0}
-    seed = {**synthetic("pre-seednorm", 4), "loss": 5.01}
-    moving = {**synthetic("rezero", 4, rms=[0.02, 0.03, 0.04, 0.05]), "block_cosine": [0.9] * 4}
-    verdicts = {v: agrees for v, _, _, agrees in signal_propagation.theory([pre, seed, moving], 16, 0.25)}
-    assert (verdicts["pre-seednorm"], verdicts["rezero"]) == (False, False)
-    same = {**seed, "loss": 5.0}
-    still = {**synthetic("rezero", 4, rms=[0.02] * 4), "block_cosine": [1.0] * 4}
-    verdicts = {v: agrees for v, _, _, agrees in signal_propagation.theory([pre, same, still], 16, 0.25)}
-    assert (verdicts["pre-seednorm"], verdicts["rezero"]) == (True, True)
