@@ -13,13 +13,11 @@ from trainer.device import pick_device
 from trainer.optim import OPTIMIZERS
 from trainer.run_dir import find_checkpoints, no_checkpoint, previous_run
 
-# Defaults that depend on the device. The no-flag run must finish in minutes on a 2-core CPU, so off-GPU the
-# model is narrower, and the CPU preset's batch, steps and peak learning rate are the winners of the sweep in
-# the README (Training > Choosing the default CPU run). On CUDA the default is MiniMind2-small (512 wide) at
-# 128 x 256 = 32,768 tokens per GPU per micro-step, the least that keeps a modern GPU busy rather than waiting on
-# kernel launches, for 50 steps: one pass over the embedded corpus's 1.58M training tokens (docs/gpu.md says how
-# its learning rate and warmup were chosen; no GPU has measured them yet). Depth stays at 8 layers everywhere, so
-# the 17-norm structure is the one users study. diag_interval None = every --log_interval step.
+# Defaults that depend on the device. The no-flag CPU run must finish in minutes on 2 cores: a narrower model,
+# and the batch, steps and peak lr that won the sweep (docs/training.md#choosing-the-default-cpu-run). CUDA:
+# MiniMind2-small, 128 x 256 tokens per GPU per micro-step (the least that keeps a GPU busy), for one pass
+# over the embedded corpus (docs/gpu.md). 8 layers everywhere: the 17 norms users study. diag_interval None =
+# every --log_interval step.
 DEVICE_DEFAULTS = {
     "cpu": {"hidden_size": 128, "batch_size": 8, "max_steps": 760, "learning_rate": 6e-3, "warmup_steps": 100,
             "diag_interval": None},
@@ -34,9 +32,8 @@ def device_defaults(device) -> dict:
 
 
 def on_device(name: str, unset: str = "") -> str:
-    def shown(value):
-        return unset if value is None else f"{value:g}"
-    return f"default: {shown(DEVICE_DEFAULTS['cuda'][name])} on CUDA, {shown(DEVICE_DEFAULTS['cpu'][name])} on CPU"
+    shown = {device: unset if d[name] is None else f"{d[name]:g}" for device, d in DEVICE_DEFAULTS.items()}
+    return f"default: {shown['cuda']} on CUDA, {shown['cpu']} on CPU"
 
 
 MIN_LR = 2e-4  # the cosine decay's floor unless --min_lr says otherwise
@@ -45,66 +42,59 @@ WANDB_JOBS = ("run", "grid", "seed")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(
-        description="Pretrain a MiniMind decoder (default: on Shakespeare's plays, embedded, offline).",
-    )
+    p = ArgumentParser(description="Pretrain a MiniMind decoder (default: on Shakespeare's plays, embedded, "
+                       "offline).")
     data = p.add_argument_group("data")
-    data.add_argument("--data_path", default=None,
-                      help="corpus: omit for the embedded Shakespeare plays; a .jsonl/.txt/.parquet file or folder; "
-                           "or a Hugging Face dataset name such as roneneldan/TinyStories")
+    data.add_argument("--data_path", help="corpus: omit for the embedded Shakespeare plays; a .jsonl/.txt/"
+                      ".parquet file or folder; or a Hugging Face dataset name such as "
+                      "roneneldan/TinyStories")
     data.add_argument("--text_field", default="text", help="column that holds the text")
-    data.add_argument("--tokenizer_path", default=None, help="tokenizer directory (default: the shipped data/tokenizer)")
+    data.add_argument("--tokenizer_path", help="tokenizer directory (default: the shipped data/tokenizer)")
     data.add_argument("--streaming", action="store_true",
                       help="stream the corpus while tokenizing it (for corpora larger than memory)")
     data.add_argument("--max_seq_len", type=int, default=256, help="tokens per training sequence")
 
     model = p.add_argument_group("model", "every architecture switch of the model config, named after its field "
                                  "(docs/model.md has the table); --preset, then --variant, then the flags given decide")
-    model.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                       help="a model size: minimind2-small (512 wide, 8 layers, 8/2 heads), minimind3 (768 wide, "
-                            "8 layers, 8/4 heads, per-head QK-norm, eps 1e-6, FFN 2432)")
-    model.add_argument("--variant", default=None, metavar="NAME",
-                       help="a normalization setup by name, as the ablation runner takes it: <placement>-<norm>, "
-                            "e.g. pre-rmsnorm, post-layernorm, hybrid-rmsnorm, pre+qk_head-rmsnorm, "
-                            "peri+qkv-rmsnorm, mix0.5+depth-rmsnorm, pre+softcap15-rmsnorm, rezero, nanochat "
-                            "(the parts: docs/model.md)")
+    model.add_argument("--preset", choices=sorted(PRESETS), help="a model size: minimind2-small (512 wide, "
+                       "8 layers, 8/2 heads), minimind3 (768 wide, 8 layers, 8/4 heads, per-head QK-norm, "
+                       "eps 1e-6, FFN 2432)")
+    model.add_argument("--variant", metavar="NAME", help="a normalization setup by name, as the ablation "
+                       "runner takes it: <placement>-<norm>, e.g. pre-rmsnorm, post-layernorm, "
+                       "hybrid-rmsnorm, pre+qk_head-rmsnorm, peri+qkv-rmsnorm, mix0.5+depth-rmsnorm, "
+                       "pre+softcap15-rmsnorm, rezero, nanochat (the parts: docs/model.md)")
     for switch in SWITCHES:
         names = [f"--{switch.name}"] + ([f"--{switch.flag}"] if switch.flag else [])  # --norm_type, alias --norm
         per_device = switch.name in DEVICE_DEFAULTS["cpu"]  # the width: unset here, the device decides
-        default = None if per_device else switch.default
-        extra = f" ({on_device(switch.name)})" if per_device else ""
+        help = switch.help + (f" ({on_device(switch.name)})" if per_device else "")
         if switch.type is bool:
-            model.add_argument(*names, action="store_true", dest=switch.flag_name, help=switch.help + extra)
+            model.add_argument(*names, action="store_true", dest=switch.flag_name, help=help)
         else:
-            model.add_argument(*names, type=switch.type, default=default, choices=switch.choices or None,
-                               dest=switch.flag_name, help=switch.help + extra)
+            model.add_argument(*names, type=switch.type, default=None if per_device else switch.default,
+                               choices=switch.choices or None, dest=switch.flag_name, help=help)
 
     opt = p.add_argument_group("optimization")
-    opt.add_argument("--max_steps", type=int, default=None, help=f"optimizer steps ({on_device('max_steps')})")
-    opt.add_argument("--batch_size", type=int, default=None,
+    opt.add_argument("--max_steps", type=int, help=f"optimizer steps ({on_device('max_steps')})")
+    opt.add_argument("--batch_size", type=int,
                      help=f"sequences per micro-batch per process ({on_device('batch_size')})")
     opt.add_argument("--accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
-    opt.add_argument("--learning_rate", type=float, default=None,
-                     help=f"peak learning rate ({on_device('learning_rate')})")
-    opt.add_argument("--min_lr", type=float, default=None,
-                     help=f"learning rate at the end of the cosine decay (default: {MIN_LR:g}, or --learning_rate "
-                          "when that is lower)")
-    opt.add_argument("--lr_decay_steps", type=int, default=None,
-                     help="length of the cosine schedule (default: --max_steps); set it to stop a run early and "
-                          "later --resume it with a larger --max_steps on the same schedule")
-    opt.add_argument("--warmup_steps", type=int, default=None,
+    opt.add_argument("--learning_rate", type=float, help=f"peak learning rate ({on_device('learning_rate')})")
+    opt.add_argument("--min_lr", type=float, help=f"learning rate at the end of the cosine decay (default: "
+                     f"{MIN_LR:g}, or --learning_rate when that is lower)")
+    opt.add_argument("--lr_decay_steps", type=int, help="length of the cosine schedule (default: "
+                     "--max_steps); set it to stop a run early and later --resume it with a larger "
+                     "--max_steps on the same schedule")
+    opt.add_argument("--warmup_steps", type=int,
                      help=f"linear warmup steps, 0 = none ({on_device('warmup_steps')})")
     opt.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
                      help="adamw: AdamW for every parameter. muon: Muon (torch.optim.Muon) for the weight matrices "
-                          "inside the blocks (q, k, v, o, gate, up, down projections), AdamW for the rest "
-                          "(embeddings, an untied lm_head, norm parameters, scalars), with the one --learning_rate "
-                          "and --weight_decay: Muon's lr is scaled to match AdamW's update size")
-    opt.add_argument("--weight_decay", type=float, default=0.1,
-                     help="decoupled weight decay on weight matrices, AdamW's and Muon's (never on norms, biases, "
-                          "embeddings)")
-    opt.add_argument("--norm_weight_decay", action="store_true",
-                     help="also apply --weight_decay to norm gains (pulls a gain toward 0, or toward 1 with --norm_gain "
-                          "one_plus_w; default off)")
+                     "inside the blocks (q, k, v, o, gate, up, down projections), AdamW for the rest "
+                     "(embeddings, an untied lm_head, norm parameters, scalars), with the one "
+                     "--learning_rate and --weight_decay: Muon's lr is scaled to match AdamW's update size")
+    opt.add_argument("--weight_decay", type=float, default=0.1, help="decoupled weight decay on weight "
+                     "matrices, AdamW's and Muon's (never on norms, biases, embeddings)")
+    opt.add_argument("--norm_weight_decay", action="store_true", help="also apply --weight_decay to norm "
+                     "gains (pulls a gain toward 0, or toward 1 with --norm_gain one_plus_w; default off)")
     opt.add_argument("--grad_clip", type=float, default=1.0, help="clip the global gradient norm (0 = off)")
 
     run = p.add_argument_group("run")
@@ -112,46 +102,45 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
     run.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                      help="autocast dtype; auto = bfloat16 on GPUs with native bf16, else float16 (with a "
-                          "GradScaler); float32 on CPU (bf16 on a CPU without bf16 hardware trains ~40x slower)")
-    run.add_argument("--compile", action="store_true",
-                     help="torch.compile the model (off by default everywhere: on a 2-core CPU it paid little, and "
-                          "no GPU has measured it yet; scripts/gpu_check.py does). The first step, which compiles, "
-                          "is timed apart as compile_time_s")
+                     "GradScaler); float32 on CPU (bf16 on a CPU without bf16 hardware trains ~40x slower)")
+    run.add_argument("--compile", action="store_true", help="torch.compile the model (off by default "
+                     "everywhere: on a 2-core CPU it paid little, and no GPU has measured it yet; "
+                     "scripts/gpu_check.py does). The first step, which compiles, is timed apart as "
+                     "compile_time_s")
     run.add_argument("--seed", type=int, default=0, help="seed for initialization and batch sampling")
     run.add_argument("--log_interval", type=int, default=10, help="steps between logged metrics")
-    run.add_argument("--diag_interval", type=int, default=None,
-                     help="steps between the per-block diagnostics (layer_grad_norm and the layer statistics: an "
-                          "extra forward and a host read each time); such a step also logs, and the last step "
-                          f"always does both ({on_device('diag_interval', '--log_interval')})")
+    run.add_argument("--diag_interval", type=int, help="steps between the per-block diagnostics "
+                     "(layer_grad_norm and the layer statistics: an extra forward and a host read each "
+                     "time); such a step also logs, and the last step always does both "
+                     f"({on_device('diag_interval', '--log_interval')})")
     run.add_argument("--eval_interval", type=int, default=100, help="steps between validation evaluations")
     run.add_argument("--eval_steps", type=int, default=20, help="validation batches per evaluation")
     run.add_argument("--save_interval", type=int, default=200, help="steps between checkpoints")
-    run.add_argument("--resume", action="store_true",
-                     help="continue exactly from the newest checkpoint in --out_dir that loads")
+    run.add_argument("--resume", action="store_true", help="continue exactly from the newest checkpoint in "
+                     "--out_dir that loads")
     run.add_argument("--overwrite", action="store_true",
                      help="start afresh in an --out_dir that holds another run, deleting its checkpoints and metrics")
-    run.add_argument("--keep_checkpoints", type=int, default=2,
-                     help="how many of the newest checkpoints to keep (earlier ones are what --resume falls back "
-                          "to when the newest is damaged)")
-    run.add_argument("--no_layers_plot", action="store_true",
-                     help="skip layers.png, the per-layer figure drawn at the end of a run (about a second of "
-                          "matplotlib on a CPU, more than a tiny run's training)")
-    run.add_argument("--num_proc", type=int, default=None,
+    run.add_argument("--keep_checkpoints", type=int, default=2, help="how many of the newest checkpoints to "
+                     "keep (earlier ones are what --resume falls back to when the newest is damaged)")
+    run.add_argument("--no_layers_plot", action="store_true", help="skip layers.png, the per-layer figure "
+                     "drawn at the end of a run (about a second of matplotlib on a CPU, more than a tiny "
+                     "run's training)")
+    run.add_argument("--num_proc", type=int,
                      help="processes for tokenizing the corpus (default: the cores this process may use)")
-    run.add_argument("--dist_timeout", type=float, default=30,
-                     help="minutes a process waits for the others under torchrun (a collective, or local rank 0 "
-                          "tokenizing the corpus on first use) before the job fails instead of hanging")
+    run.add_argument("--dist_timeout", type=float, default=30, help="minutes a process waits for the others "
+                     "under torchrun (a collective, or local rank 0 tokenizing the corpus on first use) "
+                     "before the job fails instead of hanging")
 
     log = p.add_argument_group("wandb")
     log.add_argument("--use_wandb", action="store_true",
                      help="log to Weights & Biases: online if an API key is configured, else offline")
     log.add_argument("--wandb_project", default="minimind-norm", help="wandb project")
-    log.add_argument("--wandb_run_name", default=None, help="wandb run name (default: <variant>-s<seed>, e.g. pre-rmsnorm-s0)")
-    log.add_argument("--wandb_group", default=None, help="wandb group (the ablation runner sets one per study)")
-    log.add_argument("--wandb_job", default="run", choices=WANDB_JOBS,
-                     help="what the run is to its study, as a wandb tag (job=...): run, a plain run; grid, a point of "
-                          "a learning-rate grid; seed, another seed at a chosen learning rate (the ablation runner "
-                          "sets it)")
+    log.add_argument("--wandb_run_name",
+                     help="wandb run name (default: <variant>-s<seed>, e.g. pre-rmsnorm-s0)")
+    log.add_argument("--wandb_group", help="wandb group (the ablation runner sets one per study)")
+    log.add_argument("--wandb_job", default="run", choices=WANDB_JOBS, help="what the run is to its study, "
+                     "as a wandb tag (job=...): run, a plain run; grid, a point of a learning-rate grid; "
+                     "seed, another seed at a chosen learning rate (the ablation runner sets it)")
     return p
 
 
@@ -189,10 +178,10 @@ def config_fields() -> dict[str, str]:
 
 
 POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "log_interval", "eval_interval",
-            "eval_steps", "save_interval", "keep_checkpoints", "diag_interval", "lr_decay_steps", "num_proc")  # the last two may be unset
+            "eval_steps", "save_interval", "keep_checkpoints", "diag_interval", "lr_decay_steps", "num_proc")
 NON_NEGATIVE = ("min_lr", "warmup_steps", "weight_decay", "grad_clip")
-# Floats that must be > 0. Every float flag must be finite besides: NaN passes any "< 0" test, and inf passes
-# "> 0" only to turn every weight into NaN at the first update. (The model config checks the architecture's.)
+# Every float flag must also be finite: NaN passes any "< 0" test, and inf passes "> 0" only to turn every weight
+# into NaN at the first update. (The model config checks the architecture's.)
 POSITIVE_FLOATS = ("learning_rate", "dist_timeout")
 
 
@@ -211,8 +200,8 @@ def arch_fields(args: argparse.Namespace, device) -> dict:
 
 
 def fill_device_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill the unset flags of DEVICE_DEFAULTS for the device the run will use. The width stays unset here (the
-    model config picks it), so a run's recorded flags read the same as those of runs from before this table."""
+    """Fill the unset flags of DEVICE_DEFAULTS for the device the run will use; the width stays unset (the model
+    config picks it), so that a run's recorded flags keep their meaning."""
     for name, value in device_defaults(pick_device(args.device)).items():
         if name != "hidden_size" and getattr(args, name) is None:
             setattr(args, name, value)
@@ -233,14 +222,14 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     fill_device_defaults(args)
     require_positive(args, POSITIVE)
     for name in float_flags(build_parser()):
-        if getattr(args, name) is not None and not math.isfinite(getattr(args, name)):
-            raise UserError(f"--{name} must be a finite number, got {getattr(args, name)}")
+        if not math.isfinite(value := getattr(args, name) or 0):
+            raise UserError(f"--{name} must be a finite number, got {value}")
     arch_fields(args, pick_device(args.device))
     for name in NON_NEGATIVE:
         if getattr(args, name) < 0:
             raise UserError(f"--{name} must be >= 0, got {getattr(args, name)}")
     for name in POSITIVE_FLOATS:
-        if getattr(args, name) is not None and not getattr(args, name) > 0:
+        if not getattr(args, name) > 0:
             raise UserError(f"--{name} must be > 0, got {getattr(args, name)}")
     if args.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
         raise UserError(f"--optimizer muon needs torch.optim.Muon (torch 2.9 or newer); this is torch "
