@@ -1,16 +1,8 @@
 """MiniMind: a small Llama-style decoder (RoPE, grouped-query attention, SwiGLU) whose normalization is data.
 
-Read top to bottom: the norm plan -> the config, whose SWITCHES declare every architecture switch once (the
-trainer's flags, the variant names of model/names.py and docs/model.md's switch table derive from them) -> one
-block for every plan -> attention, feed-forward, rotary embeddings -> the model. The norm types and their registry
-live in model/norms.py. With the defaults (Pre-Norm RMSNorm, 8 layers) the model holds 17 norms:
-
-    layers.{0..7}.input_layernorm            before attention      (8)
-    layers.{0..7}.post_attention_layernorm   before the MLP        (8)   <- Llama's name; it is a *pre*-MLP norm
-    norm                                     before lm_head        (1)
-
-docs/model.md has the table of placements (formulas, module names, norm counts) and of the Hugging Face classes
-each maps onto (scripts/convert_to_hf.py).
+Top to bottom: the norm plan, the config (SWITCHES declares every architecture switch once), one block for every
+plan, attention, SwiGLU, RoPE, the model; the norm types are in model/norms.py. docs/model.md has the tables:
+placements with their formulas, module names and norm counts, and the Hugging Face class each maps onto.
 """
 
 import math
@@ -30,15 +22,13 @@ from model.norms import NORM_TYPES, RMSNorm, count_norms, init_norm, make_norm
 
 __all__ = ["RMSNorm", "count_norms"]  # the default norm and the count users check, re-exported from model/norms.py
 
-# transformers 5.24 renamed the KV cache from past_key_values to cache, both in what generate() passes to forward
-# and in the model outputs it reads back. The model takes either name and returns the cache under the name the
-# installed release reads, so generation keeps its context on every release requirements.txt admits.
+# transformers 5.24 renamed the KV cache from past_key_values to cache, in generate()'s call and in the outputs it
+# reads: the model takes either name and returns the cache under the installed release's, so generation keeps context.
 CACHE_FIELD = "cache" if "cache" in {f.name for f in fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The norm plan: where each block normalizes, as data. Each sublayer F (attention, MLP) has three slots: before F
-# (x + F(N(x))), on F's output before the add (x + N(F(x))) and on the sum (N(x + F(x))).
+# The norm plan: where each block normalizes, as data. Each sublayer F (attention, MLP) has three slots.
 
 
 @dataclass(frozen=True)
@@ -48,9 +38,6 @@ class Slots:
     before: str | None = None  # x + F(N(x))
     after: str | None = None  # x + N(F(x))
     around: str | None = None  # N(x + F(x))
-
-    def names(self) -> list[str]:
-        return [n for n in (self.before, self.after, self.around) if n]
 
 
 PRE = (Slots(before="input_layernorm"), Slots(before="post_attention_layernorm"))
@@ -216,7 +203,8 @@ def config_problem(values: dict, name: Callable[[str], str] = str) -> str | None
         return (f"{name('hidden_size')} ({c.hidden_size}) must be divisible by {heads} ({c.num_attention_heads}); "
                 f"allowed: a divisor of {name('hidden_size')}")
     if (c.hidden_size // c.num_attention_heads) % 2:
-        return f"{name('hidden_size')} / {heads} must be even for rotary embeddings, got {c.hidden_size // c.num_attention_heads}"
+        return (f"{name('hidden_size')} / {heads} must be even for rotary embeddings, "
+                f"got {c.hidden_size // c.num_attention_heads}")
     if c.num_attention_heads % c.num_key_value_heads:
         return (f"{heads} ({c.num_attention_heads}) must be divisible by {kv_heads} ({c.num_key_value_heads}); "
                 f"allowed: a divisor of {heads}")
@@ -283,7 +271,7 @@ class MiniMindBlock(nn.Module):
         self.self_attn = Attention(config, layer_idx, plan.init_scale)
         self.mlp = FeedForward(config, plan.init_scale)
         for site, slots in (("attn", plan.attn), ("mlp", plan.mlp)):
-            for name in slots.names():
+            for name in filter(None, (slots.before, slots.after, slots.around)):
                 self.add_module(name, make_norm(config, site))
         if plan.residual_scale:  # ReZero: one scalar per sublayer, 0 at init (set in _init_weights)
             self.attn_residual_scale = nn.Parameter(torch.zeros(1))
@@ -294,9 +282,8 @@ class MiniMindBlock(nn.Module):
         return self.residual(x, self.plan.mlp, self.mlp, "mlp")
 
     def residual(self, x: torch.Tensor, slots: Slots, sublayer, site: str) -> torch.Tensor:
-        """One residual sublayer with whatever norms the plan puts around it. Pre-Norm: x + F(N(x)), whose
-        residual path is an untouched sum from the embeddings to the last layer; Post-Norm: N(x + F(x)), which
-        renormalizes every sum, so that path passes through 2L norms; ReZero: x + a * F(x), site's scalar a."""
+        """One residual sublayer with the norms the plan puts around it: x + F(N(x)) leaves the residual path an
+        untouched sum, N(x + F(x)) renormalizes every sum; ReZero's x + a * F(x) takes the site's scalar a."""
         h = x
         if slots.before:
             h = getattr(self, slots.before)(h)
@@ -317,11 +304,8 @@ class MiniMindBlock(nn.Module):
 
 def attention_mask_for(attention_mask: torch.Tensor | None, q_len: int, past_len: int,
                        device: torch.device) -> torch.Tensor | None:
-    """Boolean [batch, 1, q, kv] mask, or None when SDPA's own causal fast path is exact.
-
-    The fast path (is_causal) aligns the triangle to the top-left, which is only right with no cache or a single
-    new token; padding (attention_mask zeros) also needs an explicit mask.
-    """
+    """Boolean [batch, 1, q, kv] mask, or None when SDPA's causal fast path is exact: it aligns the triangle to
+    the top-left, right only with no cache or a single new token, and knows no padding."""
     padded = attention_mask is not None and not bool(attention_mask.all())
     if not padded and (past_len == 0 or q_len == 1):
         return None
@@ -341,9 +325,8 @@ class Attention(nn.Module):
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        # Output gate (Qiu et al. 2025): q_proj also computes, per head, gate_dim gate logits right after that
-        # head's query (Qwen3-Next's layout, elementwise: head_dim of them; headwise: one), so the gate sees exactly
-        # what q_proj sees and adds no module; sigmoid(gate) then scales the head's attention output.
+        # Output gate (Qiu et al. 2025): per head, q_proj also gives gate_dim logits right after the query
+        # (Qwen3-Next's layout), so the gate adds no module; sigmoid(gate) scales the head's attention output.
         self.gate_dim = {"none": 0, "headwise": 1, "elementwise": self.head_dim}[config.attn_gate]
         self.q_proj = nn.Linear(config.hidden_size, self.n_heads * (self.head_dim + self.gate_dim), bias=False)
         self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
@@ -356,20 +339,17 @@ class Attention(nn.Module):
             per_head = self.qk_norm == "head"
             self.q_norm = make_norm(config, "qk", self.head_dim if per_head else self.n_heads * self.head_dim)
             self.k_norm = make_norm(config, "qk", self.head_dim if per_head else self.n_kv_heads * self.head_dim)
-        # V-norm (Gemma 3n/4's QKV-norm, HybridNorm): with q and k normalized too, attention no longer depends on
-        # the scale of its input at all, since v is the only path by which that scale reached the output
+        # V-norm (Gemma 3n/4, HybridNorm): with q and k normalized too, attention ignores its input's scale
         self.v_norm = make_norm(config, "qk", self.head_dim) if config.v_norm == "head" else None
-        # Learnable sinks (GPT-OSS, DeepSeek-V4): one logit per head that joins each softmax row, so a head can put
-        # probability on "nothing" instead of on a real token. Zero at init (DeepSeek-V4; GPT-OSS draws it from
-        # N(0, 0.02)): it draws no random numbers, so every other weight starts as in the sink-free model.
+        # Learnable sinks (GPT-OSS, DeepSeek-V4): one logit per head joins each softmax row, so a head can attend
+        # to "nothing". Zero at init (DeepSeek-V4) draws no random numbers: the other weights start as without it.
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
         # Sub-LN (BitNet; NormFormer's head-output norm): the concatenated heads normalized before o_proj
         self.attn_sub_norm = make_norm(config, "attn", self.n_heads * self.head_dim) if config.sub_norm else None
 
     def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Queries [batch, heads, seq, head_dim] and keys [batch, kv_heads, seq, head_dim] as attention uses them:
-        after QK-norm, which comes before RoPE (so a norm gain acts in the unrotated basis, as in Qwen3/OLMo 2);
-        and the output gate's logits [batch, seq, heads, gate_dim] (None without a gate)."""
+        """q [batch, heads, seq, head_dim] and k [batch, kv_heads, seq, head_dim] as attention uses them, QK-norm
+        before RoPE (as in Qwen3/OLMo 2), and the gate's logits [batch, seq, heads, gate_dim] (None without one)."""
         bsz, seq, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
         gate = None
@@ -385,10 +365,9 @@ class Attention(nn.Module):
         return apply_rotary(q.transpose(1, 2), *rope), apply_rotary(k.transpose(1, 2), *rope), gate
 
     def sink_bias(self, mask: torch.Tensor | None, q_len: int, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
-        """The float mask [batch or 1, heads, q, kv + 1] that adds the sinks to SDPA: 0 where a key may be seen,
-        -inf where not, and in the last column, an extra all-zero key and value, each head's sink. That key's
-        logit is q.0 + sink = sink, and its zero value adds nothing to the output: exactly softmax over
-        (logits, sink) with the sink's column dropped afterwards, as GPT-OSS writes it, with the KV cache unchanged."""
+        """The float mask [batch or 1, heads, q, kv + 1] adding the sinks to SDPA: 0 or -inf per key, and each
+        head's sink as the logit of an extra all-zero key and value, which adds nothing to the output: softmax
+        over (logits, sink) with the sink's column dropped, as GPT-OSS writes it, the KV cache unchanged."""
         if mask is None:  # SDPA's causal fast path was exact: the same triangle, aligned to the last query
             mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=self.sinks.device).tril(kv_len - q_len)
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, -math.inf)
@@ -447,7 +426,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = config.head_dim
         self.theta = config.rope_theta
-        # Not saved with the weights: it is a pure function of the config (recomputed in _init_weights).
+        # Not saved with the weights: a pure function of the config (recomputed in _init_weights).
         self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
 
     def compute_inv_freq(self) -> torch.Tensor:
@@ -460,14 +439,10 @@ class RotaryEmbedding(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [batch, heads, seq, head_dim]; cos/sin: [batch, seq, head_dim] -> broadcast over heads
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+    """x [batch, heads, seq, head_dim] rotated half against half; cos/sin [batch, seq, head_dim]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos[:, None] + torch.cat((-x2, x1), dim=-1) * sin[:, None]
 
 
 # ----------------------------------------------------------------------------------------------------------
