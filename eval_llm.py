@@ -5,24 +5,12 @@
     python eval_llm.py --model_path out/pretrain --eval_data              # loss, ppl, bpb on the held-out plays
     python eval_llm.py --compare out/ablation/runs/* --eval_data          # every ablation run, side by side
 
-A model directory is the trainer's --out_dir (its `checkpoint` link is followed), a checkpoint folder, or any
-directory AutoModelForCausalLM loads, e.g. a Llama, Qwen3 or OLMo 2 model written by scripts/convert_to_hf.py. The
-tokenizer comes from the same directory unless --tokenizer_path is given. A checkpoint is checked against its
-manifest first; a run directory falls back to its newest intact checkpoint, with a warning (docs/training.md).
-
---eval_data takes the loss from the model's logits, so every exported family is measured the same way; a
-perplexity too large for a float (a diverged model) prints as inf.
-
-Prompts: each is encoded after the tokenizer's bos token (this repo's document separator), because in
-training every document started right after one. A prompt too long to leave room for --max_new_tokens in the
-model's context (max_position_embeddings) is cut from the left, keeping its last tokens, with a one-line
-warning. Without --prompt, an interactive terminal is asked for prompts until an empty line, EOF or Ctrl-C;
-otherwise the default Shakespeare prompts are used. With --eval_data and no --prompt a single model is only
-evaluated; --compare always generates (the default prompts unless --prompt is given). Bytes of a prompt that
-are not UTF-8 are read as U+FFFD, with a warning.
-
---compare leaves out, with a warning, a directory it cannot load (e.g. a run that diverged before its first
-checkpoint) and goes on with the others; the exit status is 2 only when none of them loads.
+A model directory is the trainer's --out_dir (its `checkpoint` link is followed, falling back to the newest
+intact checkpoint with a warning: docs/training.md), a checkpoint folder, or any directory that
+AutoModelForCausalLM loads, e.g. a Llama, Qwen3 or OLMo 2 model written by scripts/convert_to_hf.py; the
+tokenizer is its own unless --tokenizer_path is given. Each prompt is encoded after the tokenizer's bos token
+(this repo's document separator), as every training document started after one. With --eval_data and no
+--prompt a single model is only evaluated; --compare always generates.
 """
 
 import argparse
@@ -134,9 +122,9 @@ def encode_prompt(tokenizer, prompt: str, context: int, max_new_tokens: int) -> 
 
 @torch.no_grad()
 def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(), stream: bool = False) -> str:
-    """The continuation of prompt (without the prompt), printed to stdout as it is produced when stream is set.
-    The seed is set for every prompt, so a continuation does not depend on what was generated before it and
-    several checkpoints draw with the same random numbers."""
+    """The continuation of prompt, printed as it is produced when stream is set. The seed is set for every
+    prompt, so a continuation does not depend on earlier ones and several checkpoints draw the same random
+    numbers."""
     ids = encode_prompt(tokenizer, prompt, lm.config.max_position_embeddings, sampling.max_new_tokens)
     ids = ids.to(lm.device)
     options = {"max_new_tokens": sampling.max_new_tokens, "repetition_penalty": sampling.repetition_penalty,
@@ -152,9 +140,8 @@ def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(), s
 
 
 def utf8_prompt(prompt: str) -> str:
-    """The prompt with bytes that are not UTF-8 replaced by U+FFFD, with a warning. Python hands such bytes over
-    (from the command line, or a terminal read with surrogateescape) as lone surrogates, which no tokenizer
-    encodes."""
+    """The prompt with bytes that are not UTF-8 (which Python hands over as lone surrogates, and no tokenizer
+    encodes) replaced by U+FFFD, with a warning."""
     repaired = prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     if repaired != prompt:
         print(f"warning: prompt {repaired!r} is not valid UTF-8; its undecodable bytes are read as U+FFFD",
@@ -179,10 +166,9 @@ def read_prompts():
 def evaluate_split(lm, tokenizer, data_path: str | None = "default", text_field: str = "text",
                    batch_size: int = 8, seq_len: int | None = None, max_batches: int | None = None,
                    progress: bool = False) -> dict:
-    """Mean loss per token, perplexity and bits per byte on the validation split of data_path, read in
-    consecutive non-overlapping windows of seq_len (default min(256, the model's context)) tokens, all of them
-    unless max_batches limits it, by the trainer's own evaluate(). Bits per byte use the whole split's bytes
-    per token, also when only its first batches are evaluated."""
+    """Loss per token, perplexity and bits per byte on data_path's validation split, by the trainer's
+    evaluate() over its first max_batches batches (default: all) of non-overlapping windows; bits per byte use
+    the whole split's bytes per token."""
     context = lm.config.max_position_embeddings
     seq_len = seq_len or min(DEFAULT_SEQ_LEN, context)
     if seq_len > context:
@@ -203,10 +189,9 @@ def evaluate_split(lm, tokenizer, data_path: str | None = "default", text_field:
 
 def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu", tokenizer_path=None,
             eval_kwargs: dict | None = None) -> list[Result]:
-    """Every prompt through every checkpoint with the same seed, plus evaluate_split(**eval_kwargs) if given.
-    Checkpoints are loaded one at a time, so a long list of them never has to fit in memory together. One that
-    cannot be loaded (a run that diverged before its first save has none) is named in a warning and kept as a
-    Result with its error, so a study's other runs are still compared; a UserError when none loads."""
+    """Every prompt through every checkpoint, loaded one at a time, with the same seed, plus
+    evaluate_split(**eval_kwargs) if given. One that cannot be loaded is named in a warning and kept as a
+    Result with its error; a UserError when none loads."""
     names = [display_name(p) for p in paths]
     if len(set(names)) < len(names):  # e.g. a/seed0 and b/seed0: only the full paths tell them apart
         names = [str(p) for p in paths]

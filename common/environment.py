@@ -37,41 +37,32 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_name() -> str:
-    """The CPU model as the kernel names it (e.g. 'AMD EPYC 7B13'), else what the platform module knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 # The vector and matrix extensions that decide which CPU kernels torch runs (and so its speed, and the rounding
 # of its matmuls): /proc/cpuinfo's flag for each, and the name recorded.
 CPU_EXTENSIONS = {"avx2": "AVX2", "avx512f": "AVX-512", "amx_tile": "AMX"}
 
 
-def cpu_isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str] | None:
-    """Which of AVX2, AVX-512 and AMX this CPU has, from the kernel's flags in cpuinfo (an empty list for none of
-    them); None where the kernel does not say (not Linux)."""
+def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
+    """The CPU's model as the kernel names it (e.g. 'AMD EPYC 7B13'), else as the platform module does, and
+    which CPU_EXTENSIONS the kernel's flags list (None where there is no cpuinfo: not Linux)."""
     try:
         lines = cpuinfo.read_text().splitlines()
     except OSError:
-        return None
-    flags = next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
-    return [name for flag, name in CPU_EXTENSIONS.items() if flag in flags]
+        return {"cpu": platform.processor() or platform.machine(), "cpu_isa": None}
+    info = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in lines)}
+    flags = set(info.get("flags", "").split())
+    return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
+            "cpu_isa": [name for flag, name in CPU_EXTENSIONS.items() if flag in flags]}
 
 
 def environment(device: torch.device | str | None = None) -> dict:
-    """The commit (None outside a git checkout) and whether tracked files differed from it, the versions of the
-    libraries that compute the numbers, the device's name (the GPU's for a CUDA device, else the CPU's), the CPU's
-    model and instruction-set extensions (on a GPU run too: the host feeds it), torch's thread count and the date
-    (UTC)."""
+    """The commit and whether tracked files differ from it (None outside a git checkout), the libraries'
+    versions, the device (the GPU, or the CPU), the CPU (on a GPU run too: the host feeds it), torch's
+    threads, the UTC date."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     commit = git("rev-parse", "HEAD")
     dirty = git("status", "--porcelain", "--untracked-files=no")
+    host = cpu()
     return {
         "git_commit": commit,
         "git_dirty": None if commit is None or dirty is None else bool(dirty),
@@ -79,9 +70,8 @@ def environment(device: torch.device | str | None = None) -> dict:
         "torch": torch.__version__,
         "transformers": version("transformers"),
         "datasets": version("datasets"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
-        "cpu": cpu_name(),
-        "cpu_isa": cpu_isa(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else host["cpu"],
+        **host,
         "threads": torch.get_num_threads(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

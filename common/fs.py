@@ -14,11 +14,9 @@ from pathlib import Path
 
 @contextmanager
 def staged_directory(dst: Path) -> Iterator[Path]:
-    """Yield a hidden sibling of `dst` to write into; rename it to `dst` when the block ends without error.
-
-    `dst` must not exist. On error (or Ctrl-C) the partial directory is removed, so a reader sees either
-    nothing or the whole thing, never half of it.
-    """
+    """Yield a hidden sibling of `dst` (which must not exist) to write into; rename it to `dst` when the block
+    ends without error, else remove it, so a reader sees either nothing or the whole thing, never half of
+    it."""
     dst = Path(dst)
     tmp = dst.with_name(f".{dst.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -88,13 +86,12 @@ def exclusive_lock(path: Path) -> Iterator[bool]:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            locked = True
         except OSError as err:
-            if err.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                locked = False
-            else:
+            if err.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
                 raise LockHeld(os.pread(fd, 64, 0).decode(errors="replace").strip()) from None
-        if locked:
+            locked = False
+        else:
+            locked = True
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield locked

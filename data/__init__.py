@@ -12,5 +12,6 @@ from data.tokenizer import (
 )
 
 __all__ = ["DEFAULT_PROMPTS", "DEFAULT_TOKENIZER_DIR", "HOLDOUT_EVERY", "SPECIAL_TOKENS", "VALIDATION_PLAYS",
-           "BatchSampler", "PackedTokens", "bits_per_byte", "default_cache_dir", "load_texts", "load_tokenizer",
-           "prepare_split", "save_tokenizer", "shakespeare_plays", "tokenizer_fingerprint", "train_tokenizer"]
+           "BatchSampler", "PackedTokens", "bits_per_byte", "default_cache_dir", "load_texts",
+           "load_tokenizer", "prepare_split", "save_tokenizer", "shakespeare_plays", "tokenizer_fingerprint",
+           "train_tokenizer"]

@@ -1,8 +1,7 @@
 """Text sources (see docs/data.md): the embedded plays, local files or folders, or a Hugging Face Hub dataset
-("owner/name[:config[:split]]"), each split loaded as a `datasets` dataset with one column, "text", one row per
-non-empty document. A source without a validation split of its own holds out non-empty document i (0-based, in
-source order; a folder's files in sorted path order) iff i % HOLDOUT_EVERY == 0.
-"""
+("owner/name[:config[:split]]"), each split loaded as a `datasets` dataset with one column, "text", one row
+per non-empty document. A source without a validation split of its own holds out non-empty document i
+(0-based, in source order; a folder's files in sorted path order) iff i % HOLDOUT_EVERY == 0. """
 
 import contextlib
 import importlib.metadata
@@ -18,8 +17,8 @@ import pyarrow as pa
 from common.cli import UserError, first_line
 
 VALIDATION_PLAYS = ("hamlet", "the-tempest")
-# Prompts in the plays' Markdown (a speaker in bold, lines ending in a two-space line break), for sampling a model
-# trained on them; Hamlet is a validation play, so its prompt is held-out text.
+# Prompts in the plays' Markdown (a speaker in bold, lines ending in a two-space line break), for sampling a
+# model trained on them; Hamlet is a validation play, so its prompt is held-out text.
 DEFAULT_PROMPTS = ("**HAMLET**  \nTo be, or not to be,", "**FIRST WITCH**  \nWhen shall we three meet again",
                    "**KING**  \nMy lords,", "## ACT I\n\n### SCENE I. A street.\n\n")
 HOLDOUT_EVERY = 100
@@ -117,7 +116,8 @@ def _json_records(path: Path):
             try:
                 record = json.loads(line) if line.strip() else {}
             except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{number}: malformed JSON ({err.msg}); each line must be one JSON object") from None
+                raise UserError(f"{path}:{number}: malformed JSON ({err.msg}); each line must be one JSON "
+                                "object") from None
             if not isinstance(record, dict):
                 raise UserError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
             yield str(number), record
@@ -125,8 +125,8 @@ def _json_records(path: Path):
 
 @contextlib.contextmanager
 def reading(data_path: str | None):
-    """Turn a parse error while reading a source into one UserError naming the file and line. Wrap iteration of
-    streamed datasets too: they read (and fail) lazily."""
+    """Turn a parse error while reading a source into one UserError naming the file and line. Wrap iteration
+    of streamed datasets too: they read (and fail) lazily."""
     json_log = logging.getLogger("datasets.packaged_modules.json.json")
     level = json_log.level
     json_log.setLevel(logging.CRITICAL)  # it logs the bare parse error before raising; we report it once
@@ -185,9 +185,9 @@ def _open(data_path: str | None, split: str, streaming: bool):
 
 
 def load_texts(data_path: str | None, split: str, text_field: str = "text", streaming: bool = False):
-    """One split of a source as a datasets.Dataset (IterableDataset if streaming) with one column, "text", read
-    from text_field (ignored by the embedded corpus); empty documents are dropped, and a split left empty is a
-    UserError."""
+    """One split of a source as a datasets.Dataset (IterableDataset if streaming) with one column, "text",
+    read from text_field (ignored by the embedded corpus); empty documents are dropped, and a split left empty
+    is a UserError."""
     if split not in SPLITS:
         raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     ds, holdout = _open(data_path, split, streaming)
@@ -203,7 +203,8 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text", stre
         ds = ds.select_columns([text_field])
         if text_field != "text":
             ds = ds.rename_column(text_field, "text")
-        ds = ds.filter(lambda texts: _non_empty(texts, data_path, text_field, where), input_columns="text", batched=True)
+        ds = ds.filter(lambda texts: _non_empty(texts, data_path, text_field, where), input_columns="text",
+                       batched=True)
         if _is_empty(ds):
             raise UserError(f"{where}: has no text; every document's {text_field!r} is empty")
         if holdout:

@@ -27,8 +27,8 @@ CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACC
 
 
 def default_cache_dir() -> Path:
-    """$MINIMIND_CACHE or ~/.cache/minimind-norm; refuses, before any tokenizing, a MINIMIND_CACHE that is no folder
-    and cannot become one (an existing folder may be read-only: a filled cache is only read)."""
+    """$MINIMIND_CACHE or ~/.cache/minimind-norm; refuses, before any tokenizing, a MINIMIND_CACHE that is no
+    folder and cannot become one (an existing folder may be read-only: a filled cache is only read)."""
     given = os.environ.get("MINIMIND_CACHE")
     if not given:
         return Path.home() / ".cache" / "minimind-norm"
@@ -47,7 +47,8 @@ def default_cache_dir() -> Path:
 @dataclass(frozen=True)
 class PackedTokens:
     """A split's documents as one token array, each followed by the end-of-text token. num_bytes counts the
-    documents' UTF-8 bytes only, num_tokens the separators too (the model predicts them): see bits_per_byte."""
+    documents' UTF-8 bytes only, num_tokens the separators too (the model predicts them): see
+    bits_per_byte."""
 
     path: Path
     tokens: np.memmap
@@ -137,11 +138,12 @@ def _pack(texts, tokenizer, dtype: np.dtype, out, num_proc: int, streaming: bool
 def prepare_split(data_path: str | None, split: str, tokenizer, text_field: str = "text",
                   cache_dir: str | Path | None = None, num_proc: int | None = None,
                   streaming: bool = False) -> PackedTokens:
-    """A split tokenized and packed, from the cache when this source (its files' sizes and mtimes, or its Hub name),
-    split, text_field and tokenizer were packed before. Under DDP, call it on one rank first."""
+    """A split tokenized and packed, from the cache when this source (its files' sizes and mtimes, or its Hub
+    name), split, text_field and tokenizer were packed before. Under DDP, call it on one rank first."""
     num_proc = num_proc or usable_cores()
-    key = {"format": CACHE_FORMAT, "source": source_identity(data_path), "split": split, "text_field": text_field,
-           "tokenizer": tokenizer_fingerprint(tokenizer), "eot": tokenizer.eos_token_id}
+    key = {"format": CACHE_FORMAT, "source": source_identity(data_path), "split": split,
+           "text_field": text_field, "tokenizer": tokenizer_fingerprint(tokenizer),
+           "eot": tokenizer.eos_token_id}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     path = cache_dir / f"{split}-{digest}.bin"
@@ -165,9 +167,10 @@ def prepare_split(data_path: str | None, split: str, tokenizer, text_field: str 
 
 
 class BatchSampler:
-    """Batches of windows from a packed split: x = window[:-1], y = window[1:], [batch, seq_len] longs. Random mode
-    draws window starts from a generator seeded by (seed, rank); sequential mode walks the non-overlapping windows
-    in order, window k going to rank k % world_size, wrapping at the end. state_dict() resumes either exactly."""
+    """Batches of windows from a packed split: x = window[:-1], y = window[1:], [batch, seq_len] longs. Random
+    mode draws window starts from a generator seeded by (seed, rank); sequential mode walks the
+    non-overlapping windows in order, window k going to rank k % world_size, wrapping at the end. state_dict()
+    resumes either exactly."""
 
     def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int = 0,
                  rank: int = 0, world_size: int = 1, sequential: bool = False):

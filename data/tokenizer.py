@@ -14,16 +14,16 @@ from data.corpus import load_texts, reading
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
 DEFAULT_VOCAB_SIZE = 6400
-# The class tokenizer_config.json names: transformers 5 saves "TokenizersBackend", unknown to 4.x (which llama.cpp's
-# converter pins); "PreTrainedTokenizerFast" is its alias in 5.x and loads the same ids in both.
+# The class tokenizer_config.json names: transformers 5 saves "TokenizersBackend", unknown to 4.x (which
+# llama.cpp's converter pins); "PreTrainedTokenizerFast" is its alias in 5.x and loads the same ids in both.
 PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # every byte, plus the special tokens
 
 
-def train_tokenizer(data_path: str | None = None, text_field: str = "text", vocab_size: int = DEFAULT_VOCAB_SIZE,
-                    streaming: bool = False) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on the train split of a source (see data.corpus); with no normalizer and
-    no prefix space, decode(encode(text)) == text for any text."""
+def train_tokenizer(data_path: str | None = None, text_field: str = "text",
+                    vocab_size: int = DEFAULT_VOCAB_SIZE, streaming: bool = False) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on the train split of a source (see data.corpus); with no normalizer
+    and no prefix space, decode(encode(text)) == text for any text."""
     if vocab_size < MIN_VOCAB_SIZE:
         raise UserError(f"vocab_size {vocab_size} is too small; byte-level BPE needs at least {MIN_VOCAB_SIZE}")
     texts = load_texts(data_path, "train", text_field, streaming)
@@ -36,8 +36,8 @@ def train_tokenizer(data_path: str | None = None, text_field: str = "text", voca
         bpe.train_from_iterator((batch["text"] for batch in texts.iter(batch_size=1000)), trainer)
     # GPT-2 convention: the document separator doubles as bos/pad/unk; nothing is added when encoding.
     eot = SPECIAL_TOKENS[0]
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=eot, eos_token=eot, pad_token=eot, unk_token=eot,
-                                   clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=eot, eos_token=eot, pad_token=eot,
+                                   unk_token=eot, clean_up_tokenization_spaces=False)
 
 
 def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
@@ -52,7 +52,7 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
         raise UserError(f"{path}: cannot load the tokenizer ({first_line(err)})") from None
     if tokenizer.eos_token_id is None:
         raise UserError(f"{path}: the tokenizer has no eos_token; it is needed to separate documents")
-    # The document separator stands in for a missing bos (what a prompt starts after) and pad (GPT-2 convention).
+    # The document separator stands in for a missing bos (what a prompt starts after) and pad (as in GPT-2).
     if tokenizer.bos_token is None:
         tokenizer.bos_token = tokenizer.eos_token
     if tokenizer.pad_token is None:

@@ -26,8 +26,8 @@ def test_the_libraries_machine_threads_and_date():
     assert set(env) == KEYS
     assert env["torch"] == torch.__version__ and env["threads"] == torch.get_num_threads()
     assert env["transformers"][0].isdigit() and env["datasets"][0].isdigit()
-    assert env["device"] == env["cpu"] == provenance.cpu_name() and env["device"]
-    assert env["cpu_isa"] == provenance.cpu_isa() and set(env["cpu_isa"] or []) <= {"AVX2", "AVX-512", "AMX"}
+    assert env["device"] == env["cpu"] and env["device"] and {k: env[k] for k in ("cpu", "cpu_isa")} == provenance.cpu()
+    assert set(env["cpu_isa"] or []) <= {"AVX2", "AVX-512", "AMX"}
     date = datetime.fromisoformat(env["date"])
     assert date.utcoffset() == timedelta(0) and abs(datetime.now(timezone.utc) - date) < timedelta(hours=1)
     assert describe(env).startswith(f"Produced {env['date']} by commit ")
@@ -83,14 +83,19 @@ def test_tokenizing_uses_the_cores_the_process_may_use(affinity, tmp_path, tiny_
     assert "num_proc=" not in capsys.readouterr().err
 
 
-def test_the_cpu_extensions_come_from_the_kernels_flags(tmp_path):
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"
-                       "flags\t\t: fpu sse4_2 avx avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n\n"
-                       "processor\t: 1\nflags\t\t: fpu sse4_2 avx avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n")
-    assert provenance.cpu_isa(cpuinfo) == ["AVX2", "AVX-512", "AMX"]
-    cpuinfo.write_text("model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse4_2 avx avx2\n")
-    assert provenance.cpu_isa(cpuinfo) == ["AVX2"]
-    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd\n")  # an Arm CPU: none of them
-    assert provenance.cpu_isa(cpuinfo) == []
-    assert provenance.cpu_isa(tmp_path / "missing") is None  # no /proc (macOS): unknown
+@pytest.mark.parametrize("cpuinfo, model, isa", [
+    ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+     "flags\t\t: fpu sse4_2 avx avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n\n"
+     "processor\t: 1\nflags\t\t: fpu sse4_2 avx avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n",
+     "Intel(R) Xeon(R) Processor", ["AVX2", "AVX-512", "AMX"]),
+    ("model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse4_2 avx avx2\n", "AMD EPYC 7B13", ["AVX2"]),
+    ("processor\t: 0\nFeatures\t: fp asimd\n", None, []),  # an Arm CPU: none of them, no model name
+    (None, None, None),  # no /proc (macOS): unknown
+])
+def test_the_cpu_model_and_extensions_come_from_the_kernel(tmp_path, cpuinfo, model, isa):
+    path = tmp_path / "cpuinfo"
+    if cpuinfo is not None:
+        path.write_text(cpuinfo)
+    found = provenance.cpu(path)
+    assert found["cpu_isa"] == isa
+    assert found["cpu"] == (model or provenance.platform.processor() or provenance.platform.machine())
