@@ -3,52 +3,33 @@
     python scripts/convert_from_minimind.py pretrain_512.pth minimind/model out/minimind2
     python scripts/convert_from_minimind.py pretrain_768.pth minimind/model out/minimind3 --version 3
 
-MiniMind2 (jingyaogong/minimind, 2025) is a Pre-Norm RMSNorm Llama; MiniMind-3 (2026) adds per-head QK-norm
-before RoPE, as Qwen3 does. Both use Hugging Face's module names, as this repository does, so the weights carry
-over unchanged (fp16 or bf16 values become float32 exactly). The sizes are read from the tensor shapes: hidden
-size and vocabulary from the embeddings, layers from the layer indices, FFN width from gate_proj, the KV width
-from k_proj, and for MiniMind-3 the head size from q_norm. What the shapes cannot tell comes from the flags,
-whose defaults are each version's published defaults (MiniMind2: 8 heads, RMSNorm eps 1e-5; MiniMind-3: eps
-1e-6; both RoPE theta 1e6 and 32768 positions). A key this model does not have, one it lacks, or a shape that
-does not fit (MiniMind's MoE variants, for instance) is refused in one line naming them; nothing is written.
-
-The result is an ordinary model directory (config.json, model.safetensors, the tokenizer) that eval_llm.py,
-the diagnostics and the exports (convert_to_hf.py, convert_to_gguf.py) read like any checkpoint of this repo.
+MiniMind2 is a Pre-Norm RMSNorm Llama; MiniMind-3 adds per-head QK-norm, as Qwen3 does. The module names are
+this repository's, so the weights carry over unchanged (as float32). The sizes come from the tensor shapes,
+the rest from the flags, whose defaults are each version's published ones (docs/minimind-import.md). A key or
+shape this model does not have (MiniMind's MoE variants, for instance) is refused in one line; nothing is
+written.
 """
 
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from common.cli import ArgumentParser, UserError, run_cli
+from common.cli import ArgumentParser, UserError, first_line, run_cli
 from common.fs import staged_directory
 from data.tokenizer import load_tokenizer, save_tokenizer
 from model import PRESETS, MiniMindConfig, MiniMindForCausalLM, norm_variant
 from model.model_minimind import with_implied
 
-
-@dataclass(frozen=True)
-class Version:
-    """What a MiniMind version's published MiniMindConfig sets and its tensor shapes do not reveal: its preset's
-    (model/names.py) QK-norm, head count and RMSNorm eps, so an import and `--preset` agree on what it is."""
-
-    name: str
-    preset: str
-    rope_theta: float = 1e6
-    max_position_embeddings: int = 32768
-
-    @property
-    def switches(self):
-        """Every architecture switch of the version's preset (the rest at the config's defaults)."""
-        return with_implied(PRESETS[self.preset])
-
-
-VERSIONS = {"2": Version("MiniMind2", "minimind2-small"), "3": Version("MiniMind-3", "minimind3")}
+# --version -> (name, preset): the preset (model/names.py) gives what the published config sets and the shapes
+# do not reveal (QK-norm, head count, RMSNorm eps), so an import and `--preset` agree on what the model is.
+VERSIONS = {"2": ("MiniMind2", "minimind2-small"), "3": ("MiniMind-3", "minimind3")}
+ROPE_THETA, MAX_POSITIONS = 1e6, 32768  # both versions' published defaults
+# The config fields a flag of the same name sets, over what the version implies.
+FLAGS = ("num_attention_heads", "rms_norm_eps", "rope_theta", "max_position_embeddings")
 LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.")
 
 
@@ -59,7 +40,7 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # not a torch file, truncated, pickled objects weights_only refuses, ...
-        raise UserError(f"{path}: cannot read it as a PyTorch state dict ({str(err).strip().splitlines()[0]})") from None
+        raise UserError(f"{path}: cannot read it as a PyTorch state dict ({first_line(err)})") from None
     if isinstance(saved, dict) and isinstance(saved.get("model"), dict):
         saved = saved["model"]  # MiniMind's resume file: model, optimizer, epoch, step, ...
     if not isinstance(saved, dict) or not saved or not all(torch.is_tensor(v) and v.is_floating_point()
@@ -79,56 +60,59 @@ def name_some(keys) -> str:
     return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
 
 
-def infer_config(weights: dict[str, torch.Tensor], version: Version, heads: int | None, eps: float | None,
-                 theta: float | None, positions: int | None, tied: bool, tokenizer) -> MiniMindConfig:
-    """The config of the MiniMind model these weights belong to: sizes from their shapes, the rest from flags."""
+def infer_config(weights: dict[str, torch.Tensor], name: str, preset: str, flags: dict, tied: bool,
+                 tokenizer) -> MiniMindConfig:
+    """The config of the MiniMind model these weights belong to: sizes from their shapes, the rest from the flags
+    that are set (config field -> value or None), else from the version's preset and published defaults."""
 
     def shape(key: str) -> tuple[int, ...]:
         if key not in weights:
-            raise UserError(f"the state dict has no {key}, which {version.name} has; is it a {version.name} checkpoint?")
+            raise UserError(f"the state dict has no {key}, which {name} has; is it a {name} checkpoint?")
         return tuple(weights[key].shape)
 
+    switches = with_implied(PRESETS[preset])
+    given = {field: value for field, value in flags.items() if value is not None}
     vocab_size, hidden = shape("model.embed_tokens.weight")
     layers = 1 + max((int(m.group(1)) for k in weights if (m := LAYER_KEY.match(k))), default=-1)
     q_width, k_width = shape("model.layers.0.self_attn.q_proj.weight")[0], shape("model.layers.0.self_attn.k_proj.weight")[0]
-    if version.switches.qk_norm == "head":  # MiniMind-3's q_norm spans one head, so the shapes give the head count
+    heads = given.get("num_attention_heads")
+    if switches.qk_norm == "head":  # MiniMind-3's q_norm spans one head, so the shapes give the head count
         head_dim = shape("model.layers.0.self_attn.q_norm.weight")[0]
         if heads is not None and heads * head_dim != q_width:
             raise UserError(f"--num_attention_heads {heads} does not fit the weights: q_norm says heads of "
                             f"{head_dim}, q_proj has {q_width} rows, so {q_width // head_dim} heads")
         heads = q_width // head_dim
     else:
-        heads = heads or version.switches.num_attention_heads
+        heads = heads or switches.num_attention_heads
         head_dim = hidden // heads
     if q_width != hidden or hidden % heads:
         raise UserError(f"q_proj has {q_width} rows for hidden size {hidden} with {heads} heads; this repository's "
                         "attention needs heads x head size = hidden size (set --num_attention_heads)")
+    defaults = {"rms_norm_eps": switches.rms_norm_eps, "rope_theta": ROPE_THETA,
+                "max_position_embeddings": MAX_POSITIONS}
     try:
-        return MiniMindConfig(
+        return MiniMindConfig(**defaults | given | dict(
             vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
             num_key_value_heads=k_width // head_dim, intermediate_size=shape("model.layers.0.mlp.gate_proj.weight")[0],
-            rms_norm_eps=eps or version.switches.rms_norm_eps, rope_theta=theta or version.rope_theta,
-            max_position_embeddings=positions or version.max_position_embeddings, norm_type="rmsnorm",
-            norm_position="pre", qk_norm=version.switches.qk_norm, tie_word_embeddings=tied,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+            norm_type="rmsnorm", norm_position="pre", qk_norm=switches.qk_norm, tie_word_embeddings=tied,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
     except ValueError as err:
         raise UserError(f"these weights give an invalid config: {err}") from None
 
 
-def import_minimind(pth: Path, tokenizer_dir: Path, version: str = "auto", heads: int | None = None,
-                    eps: float | None = None, theta: float | None = None,
-                    positions: int | None = None) -> tuple[MiniMindForCausalLM, object, Version]:
-    """(this repository's model holding the .pth's weights in float32, the tokenizer, the MiniMind version);
-    UserError if the weights are not one MiniMind model this repository can hold."""
+def import_minimind(pth: Path, tokenizer_dir: Path, version: str = "auto",
+                    **flags) -> tuple[MiniMindForCausalLM, object, str]:
+    """(this repository's model holding the .pth's weights in float32, the tokenizer, the MiniMind version's name);
+    UserError if the weights are not one MiniMind model this repository can hold. flags: FLAGS' config fields."""
     weights = load_state_dict(pth)
     tokenizer = load_tokenizer(tokenizer_dir)
     if version == "auto":  # MiniMind-3 is the one with QK-norm
         version = "3" if any(k.endswith("self_attn.q_norm.weight") for k in weights) else "2"
-    spec = VERSIONS[version]
+    name, preset = VERSIONS[version]
     embed = weights.get("model.embed_tokens.weight")
     # MiniMind ties lm_head to the embeddings (MiniMind-3 optionally): a tied copy is saved twice, or not at all.
     tied = "lm_head.weight" not in weights or (embed is not None and torch.equal(weights["lm_head.weight"], embed))
-    config = infer_config(weights, spec, heads, eps, theta, positions, tied, tokenizer)
+    config = infer_config(weights, name, preset, flags, tied, tokenizer)
     if len(tokenizer) != config.vocab_size:
         raise UserError(f"{tokenizer_dir}: the tokenizer has {len(tokenizer)} tokens but the weights' vocabulary has "
                         f"{config.vocab_size}; pass the tokenizer folder of the MiniMind version that trained them")
@@ -138,26 +122,26 @@ def import_minimind(pth: Path, tokenizer_dir: Path, version: str = "auto", heads
         weights = {**weights, "lm_head.weight": embed}
     unknown, missing = set(weights) - set(expected), set(expected) - set(weights)
     if unknown or missing:
-        raise UserError(f"{pth}: not a {spec.name} state dict this repository's model can hold"
+        raise UserError(f"{pth}: not a {name} state dict this repository's model can hold"
                         + (f"; unknown keys: {name_some(unknown)}" if unknown else "")
                         + (f"; missing keys: {name_some(missing)}" if missing else ""))
     wrong = [k for k in expected if weights[k].shape != expected[k].shape]
     if wrong:
-        raise UserError(f"{pth}: shapes do not fit one {spec.name} model: "
+        raise UserError(f"{pth}: shapes do not fit one {name} model: "
                         + ", ".join(f"{k} {tuple(weights[k].shape)} (expected {tuple(expected[k].shape)})" for k in wrong[:4]))
     model.load_state_dict({k: v.float() for k, v in weights.items()})
-    return model, tokenizer, spec
+    return model, tokenizer, name
 
 
 def convert(pth: Path, tokenizer_dir: Path, dst: Path, **flags) -> MiniMindForCausalLM:
     if dst.exists():
         raise UserError(f"{dst} already exists; choose a new output directory")
-    model, tokenizer, spec = import_minimind(pth, tokenizer_dir, **flags)
+    model, tokenizer, name = import_minimind(pth, tokenizer_dir, **flags)
     with staged_directory(dst) as tmp:
         model.save_pretrained(tmp)
         save_tokenizer(tokenizer, tmp)
     c = model.config
-    print(f"imported {spec.name} ({c.num_hidden_layers} layers, hidden {c.hidden_size}, {c.num_attention_heads} "
+    print(f"imported {name} ({c.num_hidden_layers} layers, hidden {c.hidden_size}, {c.num_attention_heads} "
           f"heads / {c.num_key_value_heads} KV, FFN {c.intermediate_size}, vocab {c.vocab_size}, eps {c.rms_norm_eps:g}, "
           f"rope theta {c.rope_theta:g}, {'tied' if c.tie_word_embeddings else 'untied'} embeddings) as "
           f"{norm_variant(c)} to {dst}")
@@ -181,12 +165,11 @@ def main() -> None:
     parser.add_argument("--max_position_embeddings", type=int, default=None,
                         help="context length recorded in the config (default: 32768, both versions)")
     args = parser.parse_args()
-    for name in ("num_attention_heads", "rms_norm_eps", "rope_theta", "max_position_embeddings"):
-        value = getattr(args, name)
+    flags = {name: getattr(args, name) for name in FLAGS}
+    for name, value in flags.items():
         if value is not None and not (0 < value < float("inf")):
             raise UserError(f"--{name} must be a positive finite number, got {value}")
-    convert(args.pth, args.tokenizer_dir, args.dst_dir, version=args.version, heads=args.num_attention_heads,
-            eps=args.rms_norm_eps, theta=args.rope_theta, positions=args.max_position_embeddings)
+    convert(args.pth, args.tokenizer_dir, args.dst_dir, version=args.version, **flags)
 
 
 if __name__ == "__main__":

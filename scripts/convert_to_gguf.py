@@ -2,24 +2,10 @@
 
     python scripts/convert_to_gguf.py out/pretrain out/model.gguf [--outtype f32|f16|bf16]
 
-The families and the allowlist are trainer/export.py's (export_model builds the transformers model whose
-weights are written here; anything else is refused in one line):
-
-    pre     + RMSNorm + no QK-norm      -> GGUF architecture "llama"
-    pre     + RMSNorm + --qk_norm head  -> "qwen3"
-    reorder + RMSNorm + --qk_norm proj  -> "olmo2"
-
-Tensor names come from the gguf package's own map (maintained by llama.cpp). Two layout changes follow
-llama.cpp's conventions: llama.cpp's Llama rotates adjacent pairs of each head's dimensions, Hugging Face's
-Llama the two halves, so the rows of q_proj and k_proj are reordered head by head to put each half-pair side by
-side (Qwen3 and OLMo 2 rotate halves in llama.cpp too and are written unchanged); and OLMo 2's loader has no
-fallback to the embeddings for a missing output matrix, so a tied model gets one written out. The tokenizer is
-byte-level BPE as llama.cpp's "gpt2" model with the "gpt-2" pre-tokenizer (ByteLevel, no prefix space, GPT-2's
-split regex: what scripts/train_tokenizer.py builds), with its tokens, types, merges and special token ids.
-
-Before reporting success the file is read back with the gguf package's reader: every tensor must equal the
-export's after the layout change (and the rounding to --outtype), the vocabulary and merges tokenizer.json's.
-Otherwise nothing is written. This checks the file, not llama.cpp: see docs/gguf.md for what is verified.
+Pre-Norm RMSNorm exports as GGUF architecture "llama", with --qk_norm head as "qwen3", and reorder + RMSNorm +
+--qk_norm proj as "olmo2" (trainer/export.py's allowlist); anything else is refused in one line. Before it is
+kept, the file is read back with the gguf package: every tensor and the vocabulary must equal the export's, or
+nothing is written. Tensor layout, tokenizer and what was verified: docs/gguf.md.
 """
 
 import json
@@ -50,10 +36,8 @@ OUTTYPES = {
 
 
 def interleave_rope_halves(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Reorder each head's output rows from [x_0..x_{d/2-1}, y_0..y_{d/2-1}] to [x_0, y_0, x_1, y_1, ...].
-
-    Hugging Face's Llama rotates dimension i with i + d/2, llama.cpp's Llama rotates 2i with 2i + 1. Applying the
-    same reordering to queries and keys leaves every q.k dot product, and so the attention, unchanged."""
+    """Reorder each head's rows from [x_0..x_{d/2-1}, y_0..y_{d/2-1}] to [x_0, y_0, x_1, y_1, ...]: Hugging Face's
+    Llama rotates dimension i with i + d/2, llama.cpp's 2i with 2i + 1; q.k, so attention, is unchanged."""
     rows, cols = weight.shape
     return weight.reshape(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)
 

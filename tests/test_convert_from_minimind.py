@@ -2,18 +2,18 @@
 the key names MiniMind's published code uses, come back as checkpoints that compute exactly the same logits and
 generate the same tokens with and without the KV cache; bad files are refused in one line."""
 
-import math
 import sys
 
 import pytest
 import torch
 
-from common.cli import UserError, run_cli
+from common.cli import run_cli
 from data import load_tokenizer
 from eval_llm import load
-from model import PRESETS, MiniMindConfig, MiniMindForCausalLM
+from model import PRESETS, MiniMindForCausalLM
 from scripts import convert_from_minimind
 from scripts.convert_to_hf import convert as convert_to_hf
+from tests.tiny import tiny_model
 
 # The published defaults each import relies on when the shapes cannot tell (MiniMindConfig in model/model_minimind.py
 # of jingyaogong/minimind: MiniMind2 as of 2026-01, MiniMind-3 as of 2026-05).
@@ -31,13 +31,11 @@ def minimind_keys(layers: int, version: str) -> set[str]:
 
 
 def minimind_model(tokenizer, version: str, **overrides) -> MiniMindForCausalLM:
-    """This repository's model shaped as a MiniMind of that version, with non-trivial norm gains."""
-    torch.manual_seed(0)
-    config = MiniMindConfig(**{"vocab_size": len(tokenizer), "hidden_size": 64, "num_hidden_layers": 2,
-                               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 192,
-                               "rms_norm_eps": VERSION_EPS[version], "qk_norm": "head" if version == "3" else "none",
-                               **overrides})
-    model = MiniMindForCausalLM(config).eval()
+    """This repository's model shaped as a MiniMind of that version (2 layers, 4 heads), with non-trivial norm gains
+    (the tiny model's small perturbations would leave near-ties that make greedy tokens fragile)."""
+    model = tiny_model(perturb=False, **{"vocab_size": len(tokenizer), "num_hidden_layers": 2, "intermediate_size": 192,
+                                         "rms_norm_eps": VERSION_EPS[version],
+                                         "qk_norm": "head" if version == "3" else "none", **overrides})
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
@@ -53,14 +51,16 @@ def save_pth(model: MiniMindForCausalLM, path, dtype=torch.float16) -> dict[str,
 
 
 @pytest.mark.parametrize("version,dtype", [("2", torch.float16), ("3", torch.float16), ("3", torch.float32)])
-def test_import_gives_exactly_the_same_logits(tmp_path, tiny_tokenizer_dir, version, dtype):
+def test_import_gives_exactly_the_same_logits_and_the_same_tokens_with_the_cache(tmp_path, tiny_tokenizer_dir,
+                                                                                version, dtype):
     tokenizer = load_tokenizer(tiny_tokenizer_dir)
     source = minimind_model(tokenizer, version)
     state = save_pth(source, tmp_path / "pretrain_64.pth", dtype)
     assert set(state) == minimind_keys(2, version)
     # MiniMind2's head count is not in its shapes: the flag gives it (default 8); MiniMind-3's q_norm gives it.
     heads = 4 if version == "2" else None
-    convert_from_minimind.convert(tmp_path / "pretrain_64.pth", tiny_tokenizer_dir, tmp_path / "out", heads=heads)
+    convert_from_minimind.convert(tmp_path / "pretrain_64.pth", tiny_tokenizer_dir, tmp_path / "out",
+                                  num_attention_heads=heads)
 
     imported, _ = load(tmp_path / "out")  # as eval_llm.py reads it
     cfg = imported.config
@@ -71,13 +71,6 @@ def test_import_gives_exactly_the_same_logits(tmp_path, tiny_tokenizer_dir, vers
         source.load_state_dict({k: v.float() for k, v in state.items()})  # the values the .pth holds
         ids = torch.randint(0, len(tokenizer), (2, 24), generator=torch.Generator().manual_seed(1))
         assert torch.equal(imported(ids).logits, source(ids).logits)
-
-
-def test_imported_minimind3_generates_the_same_tokens_with_and_without_the_cache(tmp_path, tiny_tokenizer_dir):
-    tokenizer = load_tokenizer(tiny_tokenizer_dir)
-    save_pth(minimind_model(tokenizer, "3"), tmp_path / "pretrain_64.pth", torch.float32)
-    convert_from_minimind.convert(tmp_path / "pretrain_64.pth", tiny_tokenizer_dir, tmp_path / "out")
-    imported, _ = load(tmp_path / "out")
     prompt = torch.tensor([[tokenizer.bos_token_id, *tokenizer.encode("Full fathom five")]])
     cached, uncached = (imported.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=None,
                                           use_cache=use_cache) for use_cache in (True, False))
@@ -95,7 +88,8 @@ def test_untied_minimind3_resume_file_stays_untied_and_exports(tmp_path, tiny_to
     state = save_pth(source, tmp_path / "full_sft_64_resume.pth", torch.float32)
     torch.save({"model": state, "optimizer": {"state": {}, "param_groups": []}, "epoch": 1, "step": 10},
                tmp_path / "full_sft_64_resume.pth")
-    imported = convert_from_minimind.convert(tmp_path / "full_sft_64_resume.pth", tiny_tokenizer_dir, tmp_path / "out")
+    convert_from_minimind.convert(tmp_path / "full_sft_64_resume.pth", tiny_tokenizer_dir, tmp_path / "out")
+    imported, _ = load(tmp_path / "out")
     assert not imported.config.tie_word_embeddings
     ids = torch.arange(16)[None] * 3
     with torch.no_grad():
@@ -103,62 +97,47 @@ def test_untied_minimind3_resume_file_stays_untied_and_exports(tmp_path, tiny_to
     assert convert_to_hf(tmp_path / "out", tmp_path / "hf") == "Qwen3ForCausalLM"
 
 
-@pytest.mark.parametrize("change,named", [
-    ("moe", ["model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.0.mlp.gate.weight"]),
-    ("drop", ["model.layers.1.post_attention_layernorm.weight"]),
+MOE_KEYS = ["model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.0.mlp.gate.weight"]
+NON_FINITE = ("model.layers.0.mlp.down_proj.weight holds 2 non-finite values (nan or inf) of 12,288, so the run that "
+              "saved it had diverged or the file is damaged; import a checkpoint saved before that")
+
+
+@pytest.mark.parametrize("case,line", [
+    ("moe", f"{{pth}}: not a MiniMind2 state dict this repository's model can hold; unknown keys: {', '.join(MOE_KEYS)}"),
+    ("missing", "{pth}: not a MiniMind2 state dict this repository's model can hold; missing keys: "
+                "model.layers.1.post_attention_layernorm.weight"),
+    ("nan", "{pth}: " + NON_FINITE), ("inf", "{pth}: " + NON_FINITE),
+    ("not_a_pth", "{pth}: cannot read it as a PyTorch state dict ("),
+    ("wrong_tokenizer", "{tokenizer}: the tokenizer has 400 tokens but the weights' vocabulary has 300; pass the "
+                        "tokenizer folder of the MiniMind version that trained them"),
+    ("version_3_of_a_minimind2", "the state dict has no model.layers.0.self_attn.q_norm.weight, which MiniMind-3 "
+                                 "has; is it a MiniMind-3 checkpoint?"),
 ])
-def test_unknown_or_missing_keys_are_refused_by_name(tmp_path, tiny_tokenizer_dir, change, named):
-    state = save_pth(minimind_model(load_tokenizer(tiny_tokenizer_dir), "2"), tmp_path / "m.pth")
-    if change == "moe":  # MiniMind's MoE variant has a router and experts where the dense MLP is
-        state.update({key: torch.zeros(4, 64) for key in named})
-    else:
-        del state[named[0]]
-    torch.save(state, tmp_path / "m.pth")
-    with pytest.raises(UserError) as err:
-        convert_from_minimind.convert(tmp_path / "m.pth", tiny_tokenizer_dir, tmp_path / "out", heads=4)
-    message = str(err.value)
-    assert "\n" not in message and all(key in message for key in named)
-    assert ("unknown keys" if change == "moe" else "missing keys") in message
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize("value", [math.nan, math.inf])
-def test_non_finite_weights_are_refused_naming_the_first_such_tensor(tmp_path, tiny_tokenizer_dir, monkeypatch, capsys,
-                                                                       value):
-    state = save_pth(minimind_model(load_tokenizer(tiny_tokenizer_dir), "2"), tmp_path / "m.pth")
-    state["model.layers.0.mlp.down_proj.weight"][3, :2] = value  # the first in the state dict's order
-    state["model.layers.1.self_attn.q_proj.weight"][0, 0] = value
-    torch.save(state, tmp_path / "m.pth")
-    monkeypatch.setattr(sys, "argv", ["convert_from_minimind.py", str(tmp_path / "m.pth"), tiny_tokenizer_dir,
-                                      str(tmp_path / "out"), "--num_attention_heads", "4"])
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(convert_from_minimind.main)
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines() == [
-        f"error: {tmp_path / 'm.pth'}: model.layers.0.mlp.down_proj.weight holds 2 non-finite values (nan or inf) of "
-        "12,288, so the run that saved it had diverged or the file is damaged; import a checkpoint saved before that"]
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize("case", ["not_a_pth", "wrong_tokenizer", "version_3_of_a_minimind2"])
-def test_bad_input_is_one_line_on_the_command_line(tmp_path, tiny_tokenizer_dir, monkeypatch, capsys, case):
-    tokenizer_dir = tiny_tokenizer_dir
+def test_bad_input_is_one_line_on_the_command_line_and_writes_nothing(tmp_path, tiny_tokenizer_dir, monkeypatch,
+                                                                     capsys, case, line):
+    pth = tmp_path / "m.pth"
+    state = save_pth(minimind_model(load_tokenizer(tiny_tokenizer_dir), "2"), pth)
+    if case == "moe":  # MiniMind's MoE variant has a router and experts where the dense MLP is
+        state.update({key: torch.zeros(4, 64) for key in MOE_KEYS})
+    elif case == "missing":
+        del state["model.layers.1.post_attention_layernorm.weight"]
+    elif case in ("nan", "inf"):
+        state["model.layers.0.mlp.down_proj.weight"][3, :2] = float(case)  # the first in the state dict's order
+        state["model.layers.1.self_attn.q_proj.weight"][0, 0] = float(case)
+    elif case == "wrong_tokenizer":
+        state = save_pth(tiny_model(num_hidden_layers=1), pth)  # a vocabulary of 300, the tokenizer's is 400
+    torch.save(state, pth)
     if case == "not_a_pth":
-        (tmp_path / "m.pth").write_bytes(b"not a pickle")
-    else:
-        vocab = 300 if case == "wrong_tokenizer" else None
-        tokenizer = load_tokenizer(tiny_tokenizer_dir)
-        model = minimind_model(tokenizer, "2") if vocab is None else MiniMindForCausalLM(
-            MiniMindConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=1, num_attention_heads=4))
-        save_pth(model, tmp_path / "m.pth")
-    flags = ["--version", "3"] if case == "version_3_of_a_minimind2" else []
-    monkeypatch.setattr(sys, "argv", ["convert_from_minimind.py", str(tmp_path / "m.pth"), tokenizer_dir,
+        pth.write_bytes(b"not a pickle")
+    flags = ["--version", "3"] if case == "version_3_of_a_minimind2" else ["--num_attention_heads", "4"]
+    monkeypatch.setattr(sys, "argv", ["convert_from_minimind.py", str(pth), tiny_tokenizer_dir,
                                       str(tmp_path / "out"), *flags])
     with pytest.raises(SystemExit) as exit_info:
         run_cli(convert_from_minimind.main)
     lines = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
-    assert {"not_a_pth": "cannot read", "wrong_tokenizer": "300", "version_3_of_a_minimind2": "q_norm"}[case] in lines[0]
+    expected = "error: " + line.format(pth=pth, tokenizer=tiny_tokenizer_dir)
+    assert exit_info.value.code == 2 and len(lines) == 1
+    assert lines[0].startswith(expected) if case == "not_a_pth" else lines[0] == expected
     assert not (tmp_path / "out").exists()
 
 
