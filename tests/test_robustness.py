@@ -73,9 +73,10 @@ def base_run(tmp_path_factory, tiny_flags) -> Path:
     return out
 
 
-def copy_of(run_dir: Path, dst: Path, symlinks: bool = True) -> Path:
-    shutil.copytree(run_dir, dst, symlinks=symlinks)
-    return dst
+@pytest.fixture
+def run_copy(base_run, tmp_path) -> Path:
+    """A copy of base_run for the test to change."""
+    return shutil.copytree(base_run, tmp_path / "run", symlinks=True)
 
 
 def snapshot(directory: Path) -> dict:
@@ -91,18 +92,17 @@ def train_losses(out_dir: Path) -> dict[int, float]:
 # --- one run per directory ------------------------------------------------------------------------
 
 
-def test_fresh_run_into_a_used_directory_refuses_and_deletes_nothing(base_run, tmp_path, run):
-    out = copy_of(base_run, tmp_path / "run")
-    before = snapshot(out)
+def test_fresh_run_into_a_used_directory_refuses_and_deletes_nothing(run_copy, run):
+    before = snapshot(run_copy)
     with pytest.raises(UserError, match="holds another run") as refusal:
-        run(out, "--max_steps", 2)
+        run(run_copy, "--max_steps", 2)
     assert "--resume" in str(refusal.value) and "--overwrite" in str(refusal.value)
-    assert snapshot(out) == before
+    assert snapshot(run_copy) == before
 
-    run(out, "--max_steps", 2, "--overwrite")  # on purpose: the old run goes, and nothing of it stays mixed in
-    assert sorted(train_losses(out)) == [1, 2]
-    assert sorted(p.name for p in out.glob("step-*")) == ["step-000002"]
-    assert json.loads((out / "summary.json").read_text())["max_steps"] == 2
+    run(run_copy, "--max_steps", 2, "--overwrite")  # on purpose: the old run goes, nothing of it stays mixed in
+    assert sorted(train_losses(run_copy)) == [1, 2]
+    assert sorted(p.name for p in run_copy.glob("step-*")) == ["step-000002"]
+    assert json.loads((run_copy / "summary.json").read_text())["max_steps"] == 2
 
 
 def test_resume_and_overwrite_contradict(base_run):
@@ -127,18 +127,13 @@ def test_a_crashed_trainers_lock_is_stale(tmp_path, run):
         assert locked
 
 
-def test_a_failed_run_releases_its_lock_and_leaves_no_directory(tmp_path, run):
+@pytest.mark.parametrize("killed_trainers_lock", [False, True])
+def test_a_failed_run_releases_its_lock_and_leaves_no_directory(killed_trainers_lock, tmp_path, run):
     out = tmp_path / "new" / "run"
+    if killed_trainers_lock:  # all a trainer killed before its first write (out of memory, say) leaves
+        out.mkdir(parents=True)
+        (out / LOCK_FILE).write_text("999999999\n")
     with pytest.raises(UserError, match="no such file"):  # refused after the directory was claimed
-        run(out, "--max_steps", 2, data_path=tmp_path / "missing.jsonl")
-    assert not out.exists()
-
-
-def test_a_folder_holding_only_the_lock_of_a_killed_trainer_goes_when_the_next_run_fails(tmp_path, run):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / LOCK_FILE).write_text("999999999\n")  # a trainer killed before its first write (out of memory, say)
-    with pytest.raises(UserError, match="no such file"):
         run(out, "--max_steps", 2, data_path=tmp_path / "missing.jsonl")
     assert not out.exists()
 
@@ -161,26 +156,25 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", DAMAGE)
-def test_resume_falls_back_to_the_previous_checkpoint(damage, base_run, tmp_path, run, capsys):
-    out = copy_of(base_run, tmp_path / "run")
-    DAMAGE[damage](out / "step-000004")
-    run(out, "--max_steps", 6, "--resume")
+def test_resume_falls_back_to_the_previous_checkpoint(damage, run_copy, base_run, run, capsys):
+    DAMAGE[damage](run_copy / "step-000004")
+    run(run_copy, "--max_steps", 6, "--resume")
     warning = [line for line in capsys.readouterr().err.splitlines() if "step-000004" in line]
     assert len(warning) == 1 and warning[0].startswith("warning: checkpoint step-000004 cannot be loaded")
     # Steps 3 and 4 were trained again from step 2, exactly as the first time.
-    assert train_losses(out) == pytest.approx({**train_losses(base_run), 5: train_losses(out)[5], 6: train_losses(out)[6]})
-    assert sorted(train_losses(out)) == [1, 2, 3, 4, 5, 6]
-    assert os.readlink(out / LINK) == "step-000006"
-    names = sorted(p.name for p in out.glob("step-*"))  # rewritten; the damaged one is set aside, not deleted
+    losses = train_losses(run_copy)
+    assert losses == pytest.approx({**train_losses(base_run), 5: losses[5], 6: losses[6]})
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert os.readlink(run_copy / LINK) == "step-000006"
+    names = sorted(p.name for p in run_copy.glob("step-*"))  # rewritten; the damaged one is set aside, not deleted
     assert names[0] == "step-000004" and names[1].startswith("step-000004.damaged-") and names[2:] == ["step-000006"]
 
 
-def test_resume_refuses_when_no_checkpoint_loads(base_run, tmp_path, run):
-    out = copy_of(base_run, tmp_path / "run")
-    for step in out.glob("step-*"):
+def test_resume_refuses_when_no_checkpoint_loads(run_copy, run):
+    for step in run_copy.glob("step-*"):
         truncate(step / "model.safetensors")
     with pytest.raises(UserError, match="no checkpoint in .* can be loaded .*step-000004: .*step-000002: "):
-        run(out, "--max_steps", 6, "--resume")
+        run(run_copy, "--max_steps", 6, "--resume")
 
 
 def test_keep_checkpoints(tmp_path, run):
@@ -189,30 +183,25 @@ def test_keep_checkpoints(tmp_path, run):
     assert sorted(p.name for p in out.glob("step-*")) == ["step-000003", "step-000004", "step-000005"]
 
 
-def test_what_crashed_saves_left_is_removed(base_run, tmp_path, run):
-    out = copy_of(base_run, tmp_path / "run")
-    (out / ".step-000006.partial-4242").mkdir()
-    (out / ".step-000006.partial-4242" / "model.safetensors").write_bytes(b"half")
-    os.symlink("step-000006", out / ".checkpoint.link-4242")
-    (out / "metrics.jsonl.x1y2.tmp").write_text("{")
-    run(out, "--max_steps", 6, "--resume")
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".") or p.suffix == ".tmp") == [LOCK_FILE]
+def test_what_crashed_saves_left_is_removed(run_copy, run):
+    (run_copy / ".step-000006.partial-4242").mkdir()
+    (run_copy / ".step-000006.partial-4242" / "model.safetensors").write_bytes(b"half")
+    os.symlink("step-000006", run_copy / ".checkpoint.link-4242")
+    (run_copy / "metrics.jsonl.x1y2.tmp").write_text("{")
+    run(run_copy, "--max_steps", 6, "--resume")
+    hidden_or_temporary = [p.name for p in run_copy.iterdir() if p.name.startswith(".") or p.suffix == ".tmp"]
+    assert hidden_or_temporary == [LOCK_FILE]
 
 
 @pytest.mark.parametrize("symlinks", [True, False], ids=["link-kept", "link-followed"])
 def test_resume_from_a_copied_run_directory(symlinks, base_run, tmp_path, run):
-    out = copy_of(base_run, tmp_path / "elsewhere" / "copy", symlinks=symlinks)
+    out = shutil.copytree(base_run, tmp_path / "elsewhere" / "copy", symlinks=symlinks)
     assert (out / LINK).is_symlink() == symlinks
     run(out, "--max_steps", 6, "--resume")
     assert sorted(train_losses(out)) == [1, 2, 3, 4, 5, 6]
     assert os.readlink(out / LINK) == "step-000006"
+    # a reader gets the step folder itself, which later saves cannot flip under it
     assert read_model_dir(out, lambda d: None)[0] == (out / "step-000006").resolve()
-
-
-def test_model_path_resolves_the_link_once(base_run):
-    """A reader gets the step folder itself, which later saves cannot flip under it."""
-    resolved, _ = read_model_dir(base_run, lambda d: None)
-    assert resolved == (base_run / "step-000004").resolve() and not resolved.is_symlink()
 
 
 # --- resume continues the same run ----------------------------------------------------------------
@@ -226,25 +215,23 @@ def test_same_data_under_another_spelling_resumes(tmp_path, run, tiny_corpus, mo
     assert sorted(train_losses(out)) == [1, 2, 3, 4]
 
 
-def test_edited_data_or_another_tokenizer_refuses(base_run, tmp_path, run, tiny_corpus, tiny_texts):
-    out = copy_of(base_run, tmp_path / "run")
+def test_edited_data_or_another_tokenizer_refuses(run_copy, tmp_path, run, tiny_corpus, tiny_texts):
     edited = tmp_path / "tiny.jsonl"
     shutil.copy(tiny_corpus, edited)
     with pytest.raises(UserError, match="--tokenizer_path default is not the tokenizer"):
-        run(out, "--max_steps", 6, "--resume", tokenizer_path=None)
-    run(out, "--max_steps", 6, "--resume", data_path=edited)  # a copy of the same data is the same data
+        run(run_copy, "--max_steps", 6, "--resume", tokenizer_path=None)
+    run(run_copy, "--max_steps", 6, "--resume", data_path=edited)  # a copy of the same data is the same data
     with edited.open("a") as f:  # edited in place: same path, other documents
         f.write(json.dumps({"text": tiny_texts[1].upper()}) + "\n")
     with pytest.raises(UserError, match="the train split of --data_path .* is not the data the checkpoint was"):
-        run(out, "--max_steps", 8, "--resume", data_path=edited)
+        run(run_copy, "--max_steps", 8, "--resume", data_path=edited)
 
 
 @pytest.mark.parametrize("flag,value", [("--norm", "layernorm"), ("--norm_position", "post"), ("--hidden_size", 64),
                                         ("--num_hidden_layers", 3), ("--qk_norm", "head"), ("--seed", 1)])
-def test_architecture_and_seed_given_with_resume_must_match(flag, value, base_run, tmp_path, run):
-    out = copy_of(base_run, tmp_path / "run")
+def test_architecture_and_seed_given_with_resume_must_match(flag, value, run_copy, run):
     with pytest.raises(UserError, match=f"{flag} "):
-        run(out, "--max_steps", 6, "--resume", flag, value)
+        run(run_copy, "--max_steps", 6, "--resume", flag, value)
 
 
 def test_records_state_what_the_run_used(base_run):
@@ -256,37 +243,33 @@ def test_records_state_what_the_run_used(base_run):
     assert summary["environment"]["torch"] == torch.__version__ and summary["environment"]["device"]
 
 
-def test_a_finished_run_says_so_and_keeps_its_summary(base_run, tmp_path, run, capsys):
-    out = copy_of(base_run, tmp_path / "run")
-    before = snapshot(out)
-    summary = run(out, "--max_steps", 4, "--resume")
+def test_a_finished_run_says_so_and_keeps_its_summary(run_copy, run, capsys):
+    before = snapshot(run_copy)
+    summary = run(run_copy, "--max_steps", 4, "--resume")
     assert "already at step 4 of --max_steps 4" in capsys.readouterr().out
-    assert snapshot(out) == before and summary == json.loads((out / "summary.json").read_text())
+    assert snapshot(run_copy) == before and summary == json.loads((run_copy / "summary.json").read_text())
 
-    (out / "summary.json").unlink()  # killed after its last checkpoint, before the summary
-    summary = run(out, "--max_steps", 4, "--resume")
+    (run_copy / "summary.json").unlink()  # killed after its last checkpoint, before the summary
+    summary = run(run_copy, "--max_steps", 4, "--resume")
     assert summary["step"] == 4 and summary["val_loss"] == json.loads(before["summary.json"])["val_loss"]
 
 
-def test_a_torn_last_metrics_line_is_dropped_with_a_warning(base_run, tmp_path, run, capsys):
-    out = copy_of(base_run, tmp_path / "run")
-    with (out / "metrics.jsonl").open("a") as f:
-        f.write('{"step": 5, "split": "tr')
-    run(out, "--max_steps", 6, "--resume")
-    assert "dropped a torn last line" in capsys.readouterr().err
-    assert sorted(train_losses(out)) == [1, 2, 3, 4, 5, 6]
+GARBAGE = ['{"st\n', "42\n", '{"loss": 1.0}\n', "\udcff\udcfe binary\n"]
 
 
-def test_garbage_lines_in_the_metrics_are_dropped_with_a_warning_and_resume_goes_on(base_run, tmp_path, run,
-                                                                                      capsys):
-    out = copy_of(base_run, tmp_path / "run")
-    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
-    garbage = ['{"st\n', "42\n", '{"loss": 1.0}\n', "\udcff\udcfe binary\n"]
-    (out / "metrics.jsonl").write_text("".join(lines[:2] + garbage + lines[2:]), errors="surrogateescape")
-    run(out, "--max_steps", 6, "--resume")
-    assert "dropped 4 lines that are not metrics records (lines 3, 4, 5, 6)" in capsys.readouterr().err
-    assert sorted(train_losses(out)) == [1, 2, 3, 4, 5, 6]
-    assert read_metrics(out / "metrics.jsonl") and "dropped" not in capsys.readouterr().err  # rewritten clean
+@pytest.mark.parametrize("spoil,warning", [
+    (lambda lines: [*lines, '{"step": 5, "split": "tr'], "dropped a torn last line"),
+    (lambda lines: lines[:2] + GARBAGE + lines[2:],
+     "dropped 4 lines that are not metrics records (lines 3, 4, 5, 6)"),
+], ids=["torn last line", "garbage lines"])
+def test_bad_metrics_lines_are_dropped_with_a_warning_and_resume_goes_on(spoil, warning, run_copy, run,
+                                                                           capsys):
+    lines = (run_copy / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run_copy / "metrics.jsonl").write_text("".join(spoil(lines)), errors="surrogateescape")
+    run(run_copy, "--max_steps", 6, "--resume")
+    assert warning in capsys.readouterr().err
+    assert sorted(train_losses(run_copy)) == [1, 2, 3, 4, 5, 6]
+    assert read_metrics(run_copy / "metrics.jsonl") and "dropped" not in capsys.readouterr().err  # rewritten clean
 
 
 # --- every other fault: one line, nothing lost ----------------------------------------------------
@@ -301,20 +284,19 @@ def safetensors_no_space(*args, **kwargs):  # what safetensors raises when the d
 
 
 @pytest.mark.parametrize("where,fail", [("training state", no_space), ("weights", safetensors_no_space)])
-def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(where, fail, base_run, tmp_path, run, monkeypatch):
-    out = copy_of(base_run, tmp_path / "run")
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(where, fail, run_copy, run, monkeypatch):
     if where == "weights":
         monkeypatch.setattr(MiniMindForCausalLM, "save_pretrained", fail)
     else:
         monkeypatch.setattr(torch, "save", fail)
     with pytest.raises(UserError, match="cannot write the checkpoint for step 6 .*No space left on device") as err:
-        run(out, "--max_steps", 6, "--resume")
+        run(run_copy, "--max_steps", 6, "--resume")
     assert "the previous checkpoint (step-000004) is kept" in str(err.value) and "\n" not in str(err.value)
-    assert os.readlink(out / LINK) == "step-000004"
-    assert sorted(p.name for p in out.iterdir() if "step-" in p.name) == ["step-000002", "step-000004"]
+    assert os.readlink(run_copy / LINK) == "step-000004"
+    assert sorted(p.name for p in run_copy.iterdir() if "step-" in p.name) == ["step-000002", "step-000004"]
     monkeypatch.undo()
-    run(out, "--max_steps", 6, "--resume")  # the kept checkpoint loads and the run goes on
-    assert os.readlink(out / LINK) == "step-000006"
+    run(run_copy, "--max_steps", 6, "--resume")  # the kept checkpoint loads and the run goes on
+    assert os.readlink(run_copy / LINK) == "step-000006"
 
 
 class FullDisk(io.RawIOBase):
@@ -420,34 +402,36 @@ def test_non_string_text_names_file_and_record(tmp_path):
         load_texts(str(array), "validation")
 
 
-def test_a_batch_that_cannot_fit_is_refused_before_allocation(tmp_path, run, monkeypatch):
+@pytest.mark.parametrize("flag,value,refusal", [
+    ("--batch_size", 100000, r"--batch_size 100000 x --max_seq_len 32 needs at least [\d,]+\.\d GiB for one "
+     r"training step, but cpu has 1\.0 GiB available; lower --batch_size \(and raise --accumulation_steps to keep "
+     r"the tokens per step\)"),
+    ("--hidden_size", 131072, r"--hidden_size 131072 x --num_hidden_layers 2 makes a model of [\d,]+ parameters, "
+     r"whose weights, gradients and AdamW moments need [\d,]+\.\d GiB, but cpu has 1\.0 GiB available; lower "
+     r"--hidden_size or --num_hidden_layers"),  # some 190 billion parameters in each block
+])
+def test_what_cannot_fit_is_refused_before_allocation(flag, value, refusal, tmp_path, run, monkeypatch):
     monkeypatch.setattr(trainer.memory, "available_memory_bytes", lambda device: 2**30)
-    out = tmp_path / "run"
-    with pytest.raises(UserError, match=r"--batch_size 100000 x --max_seq_len 32 needs at least [\d,.]+ GiB .* 1.0 GiB"):
-        run(out, "--batch_size", 100000)
-    assert not out.exists()
-
-
-def test_a_model_that_cannot_fit_is_refused_before_allocation(tmp_path, run, monkeypatch):
-    monkeypatch.setattr(trainer.memory, "available_memory_bytes", lambda device: 2**30)
-    out = tmp_path / "run"
     with pytest.raises(UserError) as err:
-        run(out, "--hidden_size", 131072)  # some 190 billion parameters in each block
-    assert re.fullmatch(r"--hidden_size 131072 x --num_hidden_layers 2 makes a model of [\d,]+ parameters, whose "
-                        r"weights, gradients and AdamW moments need [\d,]+\.\d GiB, but cpu has 1\.0 GiB available; "
-                        r"lower --hidden_size or --num_hidden_layers", str(err.value)), err.value
-    assert not out.exists()
+        run(tmp_path / "run", flag, value)
+    assert re.fullmatch(refusal, str(err.value)), err.value
+    assert not (tmp_path / "run").exists()
+
+
+def ablation_runner():
+    spec = importlib.util.spec_from_file_location("run_ablation", REPO / "scripts" / "run_ablation.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    return runner
 
 
 def test_the_ablation_runner_refuses_a_depth_that_cannot_fit_and_leaves_no_run_folder(tmp_path, tiny_flags,
                                                                                      monkeypatch, capsys):
     monkeypatch.setattr(trainer.memory, "available_memory_bytes", lambda device: 2**30)
-    spec = importlib.util.spec_from_file_location("run_ablation", REPO / "scripts" / "run_ablation.py")
-    runner = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runner)
     study = tmp_path / "study"
     with pytest.raises(SystemExit) as stopped:
-        run_cli(lambda: runner.main(["--out_dir", str(study), "--depths", "100000", *tiny_flags, "--max_steps", "2"]))
+        run_cli(lambda: ablation_runner().main(["--out_dir", str(study), "--depths", "100000", *tiny_flags,
+                                                "--max_steps", "2"]))
     lines = capsys.readouterr().err.strip().splitlines()
     assert stopped.value.code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("error: --hidden_size 32 x --num_hidden_layers 100000 makes a model of ")
@@ -551,10 +535,8 @@ def test_a_too_short_validation_split_names_it_the_rule_and_the_flags(tmp_path, 
 
 def test_the_ablation_runner_starts_afresh_over_a_run_that_crashed_before_its_first_checkpoint(
         tmp_path, tiny_flags):
-    spec = importlib.util.spec_from_file_location("run_ablation", REPO / "scripts" / "run_ablation.py")
-    runner = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runner)
-    study, base = runner.parse_args(["--out_dir", str(tmp_path / "study"), *tiny_flags, *SCHEDULE, "--max_steps", "2"])
+    study, base = ablation_runner().parse_args(["--out_dir", str(tmp_path / "study"), *tiny_flags, *SCHEDULE,
+                                                "--max_steps", "2"])
     config = ("pre-rmsnorm", 2, base.learning_rate, base.warmup_steps, 0)  # variant, depth, lr, warmup, seed
     crashed = tmp_path / "study" / "runs" / run_name(*config)
     crashed.mkdir(parents=True)
@@ -578,12 +560,7 @@ from common.cli import run_cli
 rank, stall, meet = int(os.environ["RANK"]), {stall!r}, {meet!r}
 if stall == "tokenizing" and rank == 0:  # rank 0 tokenizes the corpus while rank 1 waits for it
     prepare = tp.prepare_split
-
-    def slow_prepare(data_path, split, *args, **kwargs):
-        if split == "train":
-            time.sleep(8)
-        return prepare(data_path, split, *args, **kwargs)
-    tp.prepare_split = slow_prepare
+    tp.prepare_split = lambda p, split, *a, **k: (split == "train" and time.sleep(8)) or prepare(p, split, *a, **k)
 if stall == "training" and rank == 1:  # rank 1 hangs before its share of the first evaluation
     evaluate = tp.evaluate
     tp.evaluate = lambda *args, **kwargs: time.sleep(8) or evaluate(*args, **kwargs)
@@ -599,23 +576,10 @@ LOST = ("error: rank {} lost another rank, which exited (its own error line says
         "--dist_timeout exits too); fix what stopped it, or raise --dist_timeout")
 
 
-def start_two_ranks(stall: str, folder: Path, cache: Path, flags: list[str], port: int) -> list[subprocess.Popen]:
-    """The two ranks of a job whose rank 0 (tokenizing) or rank 1 (training) is held up, as torchrun starts them."""
-    probe, meet = folder / "probe.py", folder / "meet"
-    meet.mkdir(parents=True)
-    probe.write_text(RANK_PROBE.format(repo=str(REPO), stall=stall, meet=str(meet)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", OMP_NUM_THREADS="1",
-               MINIMIND_CACHE=str(cache))
-    argv = [*flags, *SCHEDULE, "--out_dir", str(folder / "run"), "--max_steps", "4", "--dist_timeout", "0.05"]
-    return [subprocess.Popen([sys.executable, str(probe), *argv], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                             cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
-
-
 @pytest.fixture(scope="module")
 def stalled_jobs(tmp_path_factory, tiny_flags, tiny_tokenizer, tiny_corpus) -> dict[str, tuple]:
-    """Both jobs at once (their ranks mostly sleep, so together they take the time of one): for each stall, its
-    ranks, what each wrote to stderr, and the job's run folder."""
+    """Both jobs at once (their ranks mostly sleep, so together they take the time of one), started as torchrun
+    starts them: for each stall, its ranks, what each wrote to stderr, and the job's run folder."""
     cache = tmp_path_factory.mktemp("tokenized")
     for split in ("train", "validation"):
         prepare_split(tiny_corpus, split, tiny_tokenizer, cache_dir=cache)
@@ -625,8 +589,19 @@ def stalled_jobs(tmp_path_factory, tiny_flags, tiny_tokenizer, tiny_corpus) -> d
         one.bind(("127.0.0.1", 0))
         other.bind(("127.0.0.1", 0))
         ports = {"tokenizing": one.getsockname()[1], "training": other.getsockname()[1]}
-    jobs = {stall: start_two_ranks(stall, folder, caches[stall], tiny_flags, ports[stall])
-            for stall, folder in folders.items()}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(MASTER_ADDR="127.0.0.1", WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    jobs = {}
+    for stall, folder in folders.items():
+        probe, meet = folder / "probe.py", folder / "meet"
+        meet.mkdir()
+        probe.write_text(RANK_PROBE.format(repo=str(REPO), stall=stall, meet=str(meet)))
+        argv = [*tiny_flags, *SCHEDULE, "--out_dir", str(folder / "run"), "--max_steps", "4",
+                "--dist_timeout", "0.05"]
+        job_env = {**env, "MASTER_PORT": str(ports[stall]), "MINIMIND_CACHE": str(caches[stall])}
+        jobs[stall] = [subprocess.Popen([sys.executable, str(probe), *argv], cwd=REPO, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        env={**job_env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in (0, 1)]
     try:
         errs = {stall: [process.communicate(timeout=120)[1] for process in ranks] for stall, ranks in jobs.items()}
     finally:
