@@ -2,9 +2,7 @@
 
     python scripts/compare_studies.py docs/results/muon/muon docs/results/muon/adamw --labels Muon AdamW
 
-Each folder is one the ablation runner wrote with --tune_lr (tuning.json, results.json). Prints the table in
-markdown: per variant, each study's chosen lr and loss, the paired per-seed difference between the studies, and
-each study's paired Δ against --baseline; then the rank correlation of the two orderings and the swaps.
+Each folder is one scripts/run_ablation.py --tune_lr wrote (tuning.json, results.json); prints the table in markdown.
 """
 
 import sys

@@ -7,24 +7,16 @@
     python scripts/run_ablation.py --tune_lr 1e-3 2e-3 4e-3 8e-3 1.6e-2 --seeds 0 1 2     # fair study
     torchrun --nproc_per_node 8 scripts/run_ablation.py --tune_lr 1e-3 2e-3 4e-3 --seeds 0 1 2   # 8 runs at a time
 
-Every run goes through trainer.train_pretrain.train (the same code as `python trainer/train_pretrain.py`),
-with identical data, seed list and step budget; any trainer flag passes through. A variant is
-<placement>-<norm>, e.g. pre-rmsnorm, post-layernorm, pre+qk_head-rmsnorm, reorder+qk_proj-rmsnorm: a named
-placement from PLACEMENTS in study/variants.py (the config fields it sets) and a norm type. Finished runs are
-reused when the study is re-run with the same out_dir, so an interrupted study picks up where it stopped.
+Every run goes through trainer.train_pretrain.train (as `python trainer/train_pretrain.py` does), with the same
+data, seeds and step budget; any trainer flag passes through. A variant is <placement>-<norm>, e.g. pre-rmsnorm,
+post-layernorm, pre+qk_head-rmsnorm (PLACEMENTS in study/variants.py). Finished runs are reused when the study runs
+again with the same out_dir, so an interrupted study picks up where it stopped.
 
-With --tune_lr every (variant, depth) is compared at its own best peak learning rate: the first seed trains at
-each grid point, the lowest final validation loss among runs that neither diverged nor plateaued wins (the grid
-grows by one point past an edge that wins, or below its lowest lr when nothing trains, at most twice), and only
-then do the other seeds train, at that lr.
-The choice is written to tuning.json and lr_sensitivity.png; results.md compares the variants at their chosen lrs,
-with paired per-seed differences against --baseline (study/lr_tuning.py has the rules).
-
-Under torchrun (--parallel runs, the default) the ranks train whole runs side by side, each alone on its own GPU or
-its share of the CPU cores, each run exactly as above; across nodes too (--nnodes, with an --out_dir all of them
-share). A rank takes the next run no other rank holds; with --tune_lr, grid runs go out first and a variant's other
-seeds once its choice is made (study/parallel.py). Rank 0 writes the report. --parallel data trains every run in
-turn across all ranks instead (data parallelism), for a model too big for one device.
+--tune_lr compares every (variant, depth) at its own best peak lr: the first seed trains at each grid point, the
+lowest final validation loss of a run that neither diverged nor plateaued wins (the grid grows past a winning edge),
+then the other seeds train at that lr; tuning.json, lr_sensitivity.png and results.md's paired differences against
+--baseline report it (docs/results/fair.md, study/lr_tuning.py). Under torchrun the ranks train whole runs side by
+side (--parallel runs) or each run in turn across all ranks (--parallel data); rank 0 writes the report (docs/gpu.md).
 """
 
 import sys

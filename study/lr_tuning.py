@@ -1,11 +1,5 @@
-"""The fair-study protocol's arithmetic: which learning rate a variant trains best at, how wide its usable range
-is, and how it compares with a baseline seed by seed. Pure functions on final validation losses, so the runner
-(study/runner.py, scripts/run_ablation.py --tune_lr), its report and the tests share them.
-
-A grid point is *usable* when its run neither diverged (a non-finite loss, or a finite one that blew up) nor
-plateaued (learned next to nothing): only usable points can win, because a run that plateaued at a low loss by
-luck is not a setting anyone should pick.
-"""
+"""The fair study's rules (scripts/run_ablation.py --tune_lr, docs/results/fair.md): which lr a variant trains best
+at, how wide its usable range is, and how it compares with a baseline seed by seed, from final validation losses."""
 
 import math
 import statistics
@@ -20,26 +14,23 @@ USABLE_MARGIN = 0.05
 
 @dataclass(frozen=True)
 class Point:
-    """One grid point: the peak lr and its first seed's final validation loss (None when the run diverged)."""
+    """One grid point: the peak lr, its first seed's final validation loss (None when the run diverged), and whether
+    it is usable: a run that plateaued at a low loss by luck is not a setting anyone should pick."""
     lr: float
     val_loss: float | None
     usable: bool
 
 
 def choose_lr(points: list[Point]) -> float | None:
-    """The usable point with the lowest final validation loss; on an exact tie the smaller lr (the safer setting).
-    None when no point is usable."""
+    """The usable point with the lowest loss, on an exact tie the smaller (safer) lr; None when none is usable."""
     usable = [p for p in points if p.usable and p.val_loss is not None and math.isfinite(p.val_loss)]
-    if not usable:
-        return None
-    return min(usable, key=lambda p: (p.val_loss, p.lr)).lr
+    return min(usable, key=lambda p: (p.val_loss, p.lr)).lr if usable else None
 
 
 def edge_extension(lrs: list[float], chosen: float | None) -> float | None:
-    """The lr to add when the chosen one sits at an edge of the grid (÷2 below the lowest, ×2 above the highest),
-    or below the lowest when nothing was chosen: divergence and Post-Norm's collapse to the unigram loss are what
-    an lr above a variant's ceiling does, so a grid where nothing trains looks lower. None when the choice lies
-    inside the grid."""
+    """The lr to add when the choice sits at an edge of the grid (÷2 below the lowest, ×2 above the highest), or
+    below the lowest when nothing was chosen: an lr above a variant's ceiling diverges or collapses to the unigram
+    loss, so a grid where nothing trains looks lower. None when the choice lies inside the grid."""
     if len(lrs) < 2:
         return None
     if chosen is None or chosen == min(lrs):
@@ -75,9 +66,7 @@ class PairedDifference:
     def agreeing(self) -> int:
         """How many seeds' differences have the sign of the mean (a zero difference agrees with nothing)."""
         mean = self.mean
-        if not mean:
-            return 0
-        return sum(1 for d in self.differences.values() if d * mean > 0)
+        return sum(1 for d in self.differences.values() if d * mean > 0) if mean else 0
 
 
 def paired_difference(losses: dict[int, float | None], baseline: dict[int, float | None]) -> PairedDifference:
@@ -88,36 +77,34 @@ def paired_difference(losses: dict[int, float | None], baseline: dict[int, float
     return PairedDifference({s: losses[s] - baseline[s] for s in seeds})
 
 
-def same_cpu_type(run: dict, other: dict) -> bool:
-    """Whether two runs (their summaries) ran on the same type of CPU: the same model name and the same vector and
-    matrix extensions (AVX2, AVX-512, AMX; common/environment.py records both). Only such runs' times compare,
-    and only their float32 results can agree to the bit: other kernels run, and round differently. A model name
-    alone is not enough, since virtual machines often report a generic one ('Intel(R) Xeon(R) Processor') over
-    different hardware. False when either run does not say (recorded before the extensions were)."""
-    a, b = run.get("environment", {}), other.get("environment", {})
-    return all(a.get(key) is not None and a.get(key) == b.get(key) for key in ("cpu", "cpu_isa"))
-
-
-def pair_by_seed(runs: list[dict], baseline: list[dict]) -> tuple[list[tuple[dict, dict]], int, bool]:
-    """The (run, baseline run) pairs of each seed both sides have, kept only where the two ran on the same CPU
-    type; runs recorded before the CPU type was (neither says) still pair, as they always did. Returns the kept
-    pairs, how many were left out for running on different (or one unrecorded) CPU types, and whether any kept
-    pair's CPU type is unrecorded."""
-    baseline_by_seed = {r["seed"]: r for r in baseline}
-    pairs = [(r, baseline_by_seed[r["seed"]]) for r in runs if r["seed"] in baseline_by_seed]
-    unrecorded = [(r, b) for r, b in pairs if not recorded_cpu(r) and not recorded_cpu(b)]
-    kept = [(r, b) for r, b in pairs if same_cpu_type(r, b) or (r, b) in unrecorded]
-    return kept, len(pairs) - len(kept), bool(unrecorded)
-
-
 def recorded_cpu(run: dict) -> bool:
+    """Whether a run's summary records its CPU type (runs recorded before it was do not)."""
     environment = run.get("environment", {})
     return environment.get("cpu") is not None and environment.get("cpu_isa") is not None
 
 
+def same_cpu_type(run: dict, other: dict) -> bool:
+    """Whether two runs ran on the same CPU model with the same vector and matrix extensions (AVX2, AVX-512, AMX;
+    common/environment.py): only then do their times compare and can their float32 results agree to the bit. A
+    model name alone is not enough, since virtual machines often report a generic one over different hardware."""
+    a, b = run.get("environment", {}), other.get("environment", {})
+    return recorded_cpu(run) and all(a[key] == b.get(key) for key in ("cpu", "cpu_isa"))
+
+
+def pair_by_seed(runs: list[dict], baseline: list[dict]) -> tuple[list[tuple[dict, dict]], int, bool]:
+    """The (run, baseline run) pairs of each seed both sides have, kept where both ran on the same CPU type or
+    neither records it (such runs pair as they always did); with how many pairs were left out, and whether a kept
+    pair's CPU type is unrecorded."""
+    baseline_by_seed = {r["seed"]: r for r in baseline}
+    pairs = [(r, baseline_by_seed[r["seed"]]) for r in runs if r["seed"] in baseline_by_seed]
+    unrecorded = [not recorded_cpu(r) and not recorded_cpu(b) for r, b in pairs]
+    kept = [(r, b) for (r, b), old in zip(pairs, unrecorded, strict=True) if old or same_cpu_type(r, b)]
+    return kept, len(pairs) - len(kept), any(unrecorded)
+
+
 def paired_runs(runs: list[dict], other: list[dict]) -> tuple[PairedDifference, int, bool]:
     """runs − other seed by seed, paired as pair_by_seed pairs them, a diverged or plateaued run counting as no
-    loss; with pair_by_seed's count of seeds left out and whether a kept pair's CPU type is unrecorded."""
+    loss; with pair_by_seed's count of pairs left out and whether a kept pair's CPU type is unrecorded."""
     pairs, left_out, unrecorded = pair_by_seed(runs, other)
 
     def losses(side: list[dict]) -> dict[int, float | None]:

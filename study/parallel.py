@@ -1,13 +1,8 @@
-"""A study's runs side by side: under torchrun, each rank of the ablation runner trains whole runs, alone, on its own
-device, taking the next run no other rank holds.
-
-The ranks share nothing but the study folder. A rank claims a run by holding a lock file for it (an flock, which the
-kernel drops however its holder ends, so a killed rank frees its run for another), decides under that claim whether
-the run is finished, to resume or to start, and trains it as the sequential study would: same flags, seed, data
-order and step budget, one process, so the summary is the same. What can train next is worked out anew from the
-finished runs' summaries each time, so every rank reaches the same choices, a rank that comes late (or a study
-continued with another number of ranks) picks up where the others are, and no process group is needed.
-"""
+"""A study's runs side by side under torchrun: each rank trains whole runs, alone on its own device and exactly as
+without torchrun, taking the next one no other rank holds. Ranks share nothing but the study folder: a rank claims a
+run by an flock on a file (the kernel drops it however its holder ends, so a killed rank frees its run) and decides
+under it whether the run is finished, to resume or to start. What can train next is worked out anew from the
+finished runs' summaries, so every rank makes the same choices and a late rank picks up where the others are."""
 
 import os
 import time
@@ -46,13 +41,12 @@ class Worker:
 
     def own_share(self, base) -> None:
         """Make every run this process trains a single-process run on its share of the machine: its own GPU
-        (cuda:LOCAL_RANK), or on a CPU its share of the cores this machine lets it use as torch threads."""
+        (cuda:LOCAL_RANK), or its share of the usable CPU cores as torch threads."""
         if pick_device(base.device).type == "cuda":
             if self.local_world_size > torch.cuda.device_count():
                 raise UserError(f"{self.local_world_size} ranks on this node but {torch.cuda.device_count()} GPUs: "
                                 "start torchrun with --nproc_per_node at most the number of GPUs")
-            # the current device, which --device cuda (or auto) means; the flag itself stays as given, so the runs
-            # of every rank record the same flags and any rank can reuse them
+            # the device --device cuda (or auto) means; the flag stays as given, so any rank can reuse any run
             torch.cuda.set_device(self.local_rank)
         else:
             torch.set_num_threads(max(1, usable_cores() // self.local_world_size))
@@ -110,13 +104,9 @@ def last_change(folders: list[Path]) -> float:
 
 def train_in_parallel(pending: Callable[[], list], claim_path: Callable, run_folder: Callable, train: Callable,
                       timeout_min: float, wait: bool = True) -> None:
-    """Train, one at a time, the runs that can train now and that no other rank holds, until none is left.
-
-    pending() lists the runs that can train now, in the study's order (it reads the finished runs' summaries, so a
-    run another rank finished drops out); train(run) trains one (or reuses it, if it finished meanwhile). A rank with
-    nothing to take returns if not told to wait (nothing more can come its way), else waits for the others (their
-    runs may let new ones train, or it writes the report); if none of their runs changes for timeout_min minutes, a
-    rank hangs, and it gives up."""
+    """Train, one at a time, the runs pending() lists (in the study's order, from the finished runs' summaries) that no
+    other rank holds, until none is left. With nothing to take, return, or with wait, wait for the other ranks' runs
+    (which may let new ones train); give up when none of them changes for timeout_min minutes: a rank hangs."""
     quiet_since, seen = time.monotonic(), 0.0
     while runs := pending():
         for run in runs:

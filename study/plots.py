@@ -5,7 +5,13 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.plots import line_style, pyplot
+from trainer.plots import LAYER_PANELS, line_style, pyplot
+
+
+def save(fig, path: Path, rect=None, **savefig) -> None:
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=110, **savefig)
+    pyplot().close(fig)
 
 
 def _band(ax, runs: list[list[dict]], split: str, x_key: str, label: str, style: dict) -> None:
@@ -37,9 +43,7 @@ def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
     # Beside the panels, not in one: a study of dozens of runs has a legend taller than a panel.
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center left", bbox_to_anchor=(1, 0.5), fontsize=8)
     fig.suptitle("mean over seeds, band = min..max")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save(fig, path, bbox_inches="tight")
 
 
 def plot_grid(values: np.ndarray, rows: list, cols: list, path: Path, title: str) -> None:
@@ -53,41 +57,33 @@ def plot_grid(values: np.ndarray, rows: list, cols: list, path: Path, title: str
             ax.text(j, i, "X" if np.isnan(values[i, j]) else f"{values[i, j]:.2f}", ha="center", va="center",
                     color="red" if np.isnan(values[i, j]) else "white", fontsize=9)
     ax.set(xticks=range(len(cols)), xticklabels=cols, yticks=range(len(rows)), yticklabels=rows, title=title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigram: float | None = None) -> None:
-    """Final validation loss against depth: per line (a variant), the mean over seeds with min..max bars.
-
-    Each point's runs are summaries with val_loss, diverged and plateaued. A depth where some seed diverged gets
-    an x at the top edge (its loss is left out of the mean; a depth where all diverged has only the x); one
-    where some seed plateaued gets a ring around its mean. unigram draws the loss of a context-free model.
-    """
+    """Final validation loss against depth: per line (a variant), the mean over seeds with min..max bars, from
+    summaries with val_loss, diverged and plateaued. A diverged seed is left out of the mean and draws an x at the
+    top edge; a plateaued one a ring around the mean. unigram draws the loss of a context-free model."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.5))
     top = ax.get_xaxis_transform()  # x in data, y in axes fraction
     depths = sorted({depth for points in lines.values() for depth, _ in points})
     for index, (name, points) in enumerate(lines.items()):
-        points = sorted(points, key=lambda p: p[0])
         finite = [(d, [r["val_loss"] for r in runs if not r["diverged"] and r["val_loss"] is not None], runs)
-                  for d, runs in points]
+                  for d, runs in sorted(points, key=lambda p: p[0])]
         kept = [(d, np.array(v), runs) for d, v, runs in finite if v]
-        x = [d for d, _, _ in kept]
         mean = np.array([v.mean() for _, v, _ in kept])
         low, high = np.array([v.min() for _, v, _ in kept]), np.array([v.max() for _, v, _ in kept])
         style = line_style(index)
-        ax.errorbar(x, mean, yerr=[mean - low, high - mean], marker="o", capsize=3, label=name, **style)
-        color = style["color"]
+        ax.errorbar([d for d, _, _ in kept], mean, yerr=[mean - low, high - mean], marker="o", capsize=3, label=name,
+                    **style)
         for (d, _, runs), m in zip(kept, mean, strict=True):
             if any(r["plateaued"] for r in runs):
-                ax.plot(d, m, marker="o", ms=15, mfc="none", mew=1.5, color=color)
+                ax.plot(d, m, marker="o", ms=15, mfc="none", mew=1.5, color=style["color"])
+        shift = 1.04 ** (index - (len(lines) - 1) / 2)  # two lines' x marks at one depth stay apart (x is log-scaled)
         for d, _, runs in finite:
             if any(r["diverged"] for r in runs):
-                # shifted a little per line, so two lines' marks at one depth stay apart (x is log-scaled)
-                shift = 1.04 ** (index - (len(lines) - 1) / 2)
-                ax.plot(d * shift, 0.98, marker="x", ms=10, mew=2, color=color, transform=top, clip_on=False)
+                ax.plot(d * shift, 0.98, marker="x", ms=10, mew=2, color=style["color"], transform=top, clip_on=False)
     if unigram is not None:
         ax.axhline(unigram, color="gray", ls=":", label=f"unigram model ({unigram:.2f})")
     ax.plot([], [], "kx", label="x at top: a seed diverged")
@@ -98,9 +94,7 @@ def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigr
     ax.minorticks_off()
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside the axes: no point hidden
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_lr_sensitivity(tuning: list[dict], path: Path) -> None:
@@ -116,9 +110,8 @@ def plot_lr_sensitivity(tuning: list[dict], path: Path) -> None:
             lrs, losses = np.array(t["learning_rates"]), t["val_losses"]
             finite = np.array([v is not None for v in losses])
             y = np.array([np.nan if v is None else v for v in losses])
-            style = line_style(index)
-            ax.plot(lrs[finite], y[finite], marker="o", label=t["variant"], **style)
-            color = style["color"]
+            color = line_style(index)["color"]
+            ax.plot(lrs[finite], y[finite], marker="o", label=t["variant"], **line_style(index))
             for lr, loss, usable in zip(lrs, y, t["usable"], strict=True):
                 if np.isnan(loss):
                     ax.plot(lr, 0.98, marker="x", ms=9, mew=2, color=color, transform=top, clip_on=False)
@@ -130,13 +123,12 @@ def plot_lr_sensitivity(tuning: list[dict], path: Path) -> None:
         ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss (first seed)",
                title=f"{depth} layers")
         ax.grid(alpha=0.3)
-    axes[0][-1].plot([], [], "k*", ms=12, label="chosen lr")
-    axes[0][-1].plot([], [], "ko", mfc="white", label="plateaued (cannot win)")
-    axes[0][-1].plot([], [], "kx", label="x at top: diverged")
-    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    legend = axes[0][-1]
+    legend.plot([], [], "k*", ms=12, label="chosen lr")
+    legend.plot([], [], "ko", mfc="white", label="plateaued (cannot win)")
+    legend.plot([], [], "kx", label="x at top: diverged")
+    legend.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    save(fig, path)
 
 
 def plot_signal_propagation(results: list[dict], path: Path) -> None:
@@ -145,33 +137,26 @@ def plot_signal_propagation(results: list[dict], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(17, 8))
     deep = max(r["depth"] for r in results)
-    variants = list(dict.fromkeys(r["variant"] for r in results))
-    for index, variant in enumerate(variants):
+    for index, variant in enumerate(dict.fromkeys(r["variant"] for r in results)):
         style = {"label": variant, "ls": ("-", "--", "-.", ":")[index % 4]}  # coinciding lines stay visible
         runs = sorted((r for r in results if r["variant"] == variant), key=lambda r: r["depth"])
-        deepest = runs[-1] if runs[-1]["depth"] == deep else None
-        if deepest:
-            for ax, key in zip(axes[0], ("residual_rms", "layer_grad_norm", "block_cosine"), strict=True):
-                ax.plot(np.arange(deep), deepest[key], **style)
-        depths = [r["depth"] for r in runs]
+        if runs[-1]["depth"] == deep:
+            for ax, (key, _, _) in zip(axes[0], LAYER_PANELS, strict=False):  # the first three: residual_rms, ...
+                ax.plot(np.arange(deep), runs[-1][key], **style)
         per_depth = ([r["residual_rms"][-1] for r in runs], [r["layer_grad_norm"][0] for r in runs],
                      [r["gradient_spread"] for r in runs])
         for ax, values in zip(axes[1], per_depth, strict=True):
-            ax.plot(depths, values, marker="o", **style)
-    titles = [(f"residual stream RMS entering block (L={deep})", "log"),
-              (f"gradient norm of block parameters (L={deep})", "log"),
-              (f"cosine(block input, block output) (L={deep})", "linear")]
-    for ax, (title, scale) in zip(axes[0], titles, strict=True):
-        ax.set(title=title, xlabel="block", yscale=scale)
+            ax.plot([r["depth"] for r in runs], values, marker="o", **style)
+    for ax, (_, title, scale) in zip(axes[0], LAYER_PANELS, strict=False):
+        ax.set(title=f"{title} (L={deep})", xlabel="block", yscale=scale)
+    depths = sorted({r["depth"] for r in results})
     for ax, title in zip(axes[1], ("residual RMS entering the last block", "gradient norm of the first block",
                                    "block gradient norm max / min"), strict=True):
         ax.set(title=title, xlabel="blocks (depth)", xscale="log", yscale="log")
-        ax.set_xticks(sorted({r["depth"] for r in results}), [str(d) for d in sorted({r["depth"] for r in results})])
+        ax.set_xticks(depths, [str(d) for d in depths])
         ax.minorticks_off()
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     fig.legend(*axes[1][0].get_legend_handles_labels(), loc="center right", fontsize=9)
     fig.suptitle("signal propagation at initialization, one forward and backward of the LM loss")
-    fig.tight_layout(rect=(0, 0, 0.86, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, rect=(0, 0, 0.86, 1))

@@ -31,19 +31,26 @@ def speed(runs: list[dict]) -> tuple[str, str]:
             f"{statistics.mean(r['s_per_step'] for r in timed):.3f}")
 
 
+def markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(row) + " |" for row in rows)])
+
+
+def outcomes(runs: list[dict]) -> list[str]:
+    """The diverged and the plateaued cells: how many of the runs did."""
+    return [f"{sum(r[key] for r in runs)}/{len(runs)}" for key in ("diverged", "plateaued")]
+
+
 def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
     head = ["variant", "layers", *(["lr", "warmup"] if grid else []), "val loss", "val bpb", "tokens/s", "s/step",
             "norm params", "diverged", "plateaued"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for (variant, depth, lr, warmup), runs in groups.items():
         ok = [r for r in runs if not r["diverged"] and r["val_loss"] is not None]
-        row = [variant, str(depth), *([f"{lr:g}", str(warmup)] if grid else []),
-               mean_std([r["val_loss"] for r in ok]), mean_std([r["val_bpb"] for r in ok]),
-               *speed(ok),
-               f"{runs[0]['norm_params']:,}", f"{sum(r['diverged'] for r in runs)}/{len(runs)}",
-               f"{sum(r['plateaued'] for r in runs)}/{len(runs)}"]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        rows.append([variant, str(depth), *([f"{lr:g}", str(warmup)] if grid else []),
+                     mean_std([r["val_loss"] for r in ok]), mean_std([r["val_bpb"] for r in ok]), *speed(ok),
+                     f"{runs[0]['norm_params']:,}", *outcomes(runs)])
+    return markdown_table(head, rows)
 
 
 def paired_cells(d: lr_tuning.PairedDifference, left_out: int, unrecorded: bool) -> tuple[str, str]:
@@ -60,26 +67,20 @@ def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: st
     """--tune_lr: each (variant, depth) at its chosen lr, with its usable range and the paired difference."""
     head = ["variant", "layers", "chosen lr", f"usable lrs (≤ {lr_tuning.USABLE_MARGIN} nats from best)",
             "val loss", "min–max", f"Δ vs {baseline} (paired)", "seeds agreeing", "diverged", "plateaued"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     runs_at = {(variant, depth): runs for (variant, depth, _, _), runs in groups.items()}
-
+    rows = []
     for t in tuning:
         runs = runs_at.get((t["variant"], t["depth"]), [])
         ok = [r["val_loss"] for r in runs if not r["diverged"] and r["val_loss"] is not None]
         usable = t["usable_range"]
         span = (f"{min(usable):g}–{max(usable):g}" if len(usable) > 1 else f"{usable[0]:g}") if usable else "—"
-        diff, agree = "—", "—"
         base_runs = runs_at.get((baseline, t["depth"]))
-        if runs and base_runs and t["variant"] != baseline:
-            diff, agree = paired_cells(*lr_tuning.paired_runs(runs, base_runs))
-        edge = " (edge)" if t["at_edge"] else ""
-        row = [t["variant"], str(t["depth"]),
-               f"{t['chosen_lr']:g}{edge}" if t["chosen_lr"] is not None else "none usable",
-               f"{span} ({len(usable)} of {len(t['learning_rates'])})", mean_std(ok),
-               f"{min(ok):.3f}–{max(ok):.3f}" if ok else "—", diff, agree,
-               f"{sum(r['diverged'] for r in runs)}/{len(runs)}", f"{sum(r['plateaued'] for r in runs)}/{len(runs)}"]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        paired = (paired_cells(*lr_tuning.paired_runs(runs, base_runs))
+                  if runs and base_runs and t["variant"] != baseline else ("—", "—"))
+        chosen = "none usable" if t["chosen_lr"] is None else f"{t['chosen_lr']:g}" + " (edge)" * t["at_edge"]
+        rows.append([t["variant"], str(t["depth"]), chosen, f"{span} ({len(usable)} of {len(t['learning_rates'])})",
+                     mean_std(ok), f"{min(ok):.3f}–{max(ok):.3f}" if ok else "—", *paired, *outcomes(runs)])
+    return markdown_table(head, rows)
 
 
 def study_cost(out: Path) -> str:
@@ -95,7 +96,6 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
     its tables."""
     out = Path(study.out_dir)
     grid = len(study.learning_rates) > 1 or len(study.warmup_steps) > 1
-    with_lr = grid or tuning is not None
     metrics = {key: [read_metrics(Path(r["out_dir"]) / "metrics.jsonl") for r in runs] for key, runs in groups.items()}
     unigram = runner.unigram_loss(base)
     for key, runs in groups.items():
@@ -110,28 +110,29 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
     plot_layer_profiles({label(*k): m[0] for k, m in metrics.items()
                          if any(r["split"] == "train" for r in m[0])}, out / "layers.png")
     text = ["# Normalization ablation", "", describe(environment()) + " Each run's own is in results.json.", "",
-            f"Seeds: {study.seeds}. Values are mean ± std over seeds of the final "
-            "validation evaluation; a diverged run (non-finite loss, or a finite one that blew up; docs/training.md) is "
-            "excluded from the mean and counted. A run "
-            f"plateaued when its final validation loss is within {runner.PLATEAU_MARGIN} nats of a unigram model's "
-            f"({unigram:.3f}: training-split token frequencies, scored on the validation split) or no lower than "
-            "at its first evaluation.", ""]
+            f"Seeds: {study.seeds}. Values are mean ± std over seeds of the final validation evaluation; a diverged "
+            "run (non-finite loss, or a finite one that blew up; docs/training.md) is excluded from the mean and "
+            f"counted. A run plateaued when its final validation loss is within {runner.PLATEAU_MARGIN} nats of a "
+            f"unigram model's ({unigram:.3f}: training-split token frequencies, scored on the validation split) or "
+            "no lower than at its first evaluation.", ""]
+    fair = ""
     if tuning is not None:
         (out / "tuning.json").write_text(json.dumps(tuning, indent=1))
         plot_lr_sensitivity(tuning, out / "lr_sensitivity.png")
+        fair = fair_table(groups, tuning, study.baseline)
         text += ["## Each variant at its own best learning rate", "",
                  f"Learning rates tried with seed {study.seeds[0]}: {' '.join(f'{lr:g}' for lr in study.tune_lr)} "
-                 f"(the grid grows by ×2 or ÷2 past an edge that wins, or ÷2 below it when no lr trains, at most "
-                 f"{lr_tuning.MAX_EXTENSIONS} times; "
-                 "'(edge)' marks a choice still at the edge). The chosen lr has the lowest final validation loss among runs "
-                 "that neither diverged nor plateaued; the other seeds trained at it only. Δ is the variant's "
-                 f"final validation loss minus {study.baseline}'s on the same seed (same initialization seed and "
-                 "data order), mean ± std over seeds; 'seeds agreeing' counts the seeds whose difference has "
-                 "the sign of the mean. A seed pairs only where both runs ran on the same CPU type (model and "
-                 "AVX2 / AVX-512 / AMX, from each run's summary): other kernels round differently, by as much as "
-                 "the smallest effects here; runs recorded before the CPU type was pair as before, and say so.", "", study_cost(out), "", fair_table(groups, tuning, study.baseline), "",
-                 "![lr sensitivity](lr_sensitivity.png)", ""]
-    text += [results_table(groups, with_lr), ""]
+                 "(the grid grows by ×2 or ÷2 past an edge that wins, or ÷2 below it when no lr trains, at most "
+                 f"{lr_tuning.MAX_EXTENSIONS} times; '(edge)' marks a choice still at the edge). The chosen lr has "
+                 "the lowest final validation loss among runs that neither diverged nor plateaued; the other seeds "
+                 f"trained at it only. Δ is the variant's final validation loss minus {study.baseline}'s on the same "
+                 "seed (same initialization seed and data order), mean ± std over seeds; 'seeds agreeing' counts the "
+                 "seeds whose difference has the sign of the mean. A seed pairs only where both runs ran on the same "
+                 "CPU type (model and AVX2 / AVX-512 / AMX, from each run's summary): other kernels round "
+                 "differently, by as much as the smallest effects here; runs recorded before the CPU type was pair "
+                 "as before, and say so.", "", study_cost(out), "", fair, "", "![lr sensitivity](lr_sensitivity.png)", ""]
+    table = results_table(groups, grid or tuning is not None)
+    text += [table, ""]
     if len(study.depths) > 1:
         lines: dict[str, list[tuple[int, list[dict]]]] = {}
         for (variant, depth, lr, warmup), runs in groups.items():
@@ -142,10 +143,10 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
         text += ["## Stability grid (final val loss, mean over seeds; X = a seed diverged)", ""]
         for variant in study.variants:
             for depth in study.depths:
-                values = np.array([[np.nan if any(r["diverged"] or r["val_loss"] is None
-                                                  for r in groups[variant, depth, lr, w])
-                                    else statistics.mean(r["val_loss"] for r in groups[variant, depth, lr, w])
-                                    for w in study.warmup_steps] for lr in study.learning_rates])
+                values = np.array([[np.nan if any(r["diverged"] or r["val_loss"] is None for r in runs)
+                                    else statistics.mean(r["val_loss"] for r in runs)
+                                    for runs in (groups[variant, depth, lr, w] for w in study.warmup_steps)]
+                                   for lr in study.learning_rates])
                 name = f"{variant}-L{depth}"
                 plot_grid(values, [f"lr {lr:g}" for lr in study.learning_rates],
                           [f"warmup {w}" for w in study.warmup_steps], out / f"grid-{name}.png", name)
@@ -155,5 +156,4 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
     (out / "results.md").write_text("\n".join(text))
     rows = [{"variant": variant, "depth": depth, **r} for (variant, depth, _, _), runs in groups.items() for r in runs]
     (out / "results.json").write_text(json.dumps(rows, indent=1))
-    fair = "" if tuning is None else fair_table(groups, tuning, study.baseline) + "\n\n"
-    print("\n" + fair + results_table(groups, with_lr) + f"\n\nwrote {out / 'results.md'}")
+    print("\n" + (fair and fair + "\n\n") + table + f"\n\nwrote {out / 'results.md'}")

@@ -1,9 +1,9 @@
 """A study's runs: their names, flags and folders, reuse of the finished ones, the plan of what trains next (every
-grid point, or with --tune_lr each variant's lr grid, then its other seeds at the chosen lr), training the plan
-one run after another or side by side under torchrun, and the plateau rule (a run that learned next to nothing)
-the lr choice and the report both apply. scripts/run_ablation.py is its command line."""
+grid point, or with --tune_lr each lr grid, then the other seeds at the choice), training it one run after another
+or side by side under torchrun, and the plateau rule the lr choice and the report both apply."""
 
 import copy
+import functools
 import json
 import math
 import os
@@ -33,14 +33,12 @@ def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str
     return f"{variant}-L{depth}-lr{lr:g}-wu{warmup}-s{seed}"
 
 
-# Flags that do not change what a run computes (their role in trainer/args.py), so a finished run made with other
-# values is still valid.
+# Flags that do not change what a run computes, so a finished run made with other values is still valid.
 BOOKKEEPING = set(flags_with("bookkeeping"))
 
 
 def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int, job: str = "run"):
-    """The trainer flags of one run of the study. job: what the run is to the study, for its wandb tags
-    (trainer/args.py WANDB_JOBS)."""
+    """The trainer flags of one run of the study; job is what the run is to it (trainer/args.py WANDB_JOBS)."""
     name = run_name(variant, depth, lr, warmup, seed)
     out_dir = Path(study.out_dir) / "runs" / name
     args = copy.copy(base)
@@ -84,34 +82,33 @@ def finished_run(base, study, *run) -> dict | None:
     return {**summary, "out_dir": str(out_dir)}
 
 
-def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int, job: str = "run") -> dict:
-    """Train one configuration (or reuse its finished result) and return its summary."""
-    if (summary := finished_run(base, study, variant, depth, lr, warmup, seed)) is not None:
-        return summary
-    args = run_args(base, study, variant, depth, lr, warmup, seed, job)
-    print(f"\n=== {args.wandb_run_name}")
-    summary = train(validate(args))
-    if summary["diverged"]:  # a finished run ends in the trainer's own closing line; a diverged one in this
-        print(f"diverged: {summary['divergence']}; the study records it and goes on")
-    return summary
-
-
-def train_or_reuse(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int,
-                   job: str = "run") -> dict | None:
-    """run_one, stopping the study when the run was interrupted. None on DDP ranks other than 0 (they only get
-    the outcome, not the numbers)."""
-    summary = run_one(base, study, variant, depth, lr, warmup, seed, job)
+def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int,
+            job: str = "run") -> dict | None:
+    """Train one run of the study, or reuse it if finished, and return its summary: None on DDP ranks other than 0
+    (they only get the outcome, not the numbers); StudyInterrupted when a signal stopped it."""
+    summary = finished_run(base, study, variant, depth, lr, warmup, seed)
+    if summary is None:
+        args = run_args(base, study, variant, depth, lr, warmup, seed, job)
+        print(f"\n=== {args.wandb_run_name}")
+        summary = train(validate(args))
+        if summary["diverged"]:  # a finished run ends in the trainer's own closing line; a diverged one in this
+            print(f"diverged: {summary['divergence']}; the study records it and goes on")
     if summary["interrupted"]:
         raise StudyInterrupted
     return summary if "out_dir" in summary else None
 
 
+def token_splits(base) -> tuple:
+    """The tokenizer and the study's tokenized train and validation splits (from the machine's token cache)."""
+    tokenizer = load_tokenizer(base.tokenizer_path)
+    return tokenizer, *(prepare_split(base.data_path, split, tokenizer, base.text_field, num_proc=base.num_proc,
+                                      streaming=base.streaming) for split in ("train", "validation"))
+
+
 def unigram_loss(base) -> float:
     """Validation loss (nats per token) of the best context-free model: every token predicted with its frequency
     in the training split, add-one smoothed so a token unseen in training costs a finite amount."""
-    tokenizer = load_tokenizer(base.tokenizer_path)
-    train_split, val_split = (prepare_split(base.data_path, split, tokenizer, base.text_field, num_proc=base.num_proc,
-                                            streaming=base.streaming) for split in ("train", "validation"))
+    tokenizer, train_split, val_split = token_splits(base)
     counts = np.bincount(train_split.tokens, minlength=len(tokenizer)) + 1.0
     return float(-np.log(counts / counts.sum())[val_split.tokens].mean())
 
@@ -173,25 +170,20 @@ def tune_plan(study, results: dict[Run, dict], point, say) -> Plan:
     for depth in study.depths:
         for variant in study.variants:
             lrs = list(study.tune_lr)
-            for extension in range(lr_tuning.MAX_EXTENSIONS + 1):
-                missing = [(variant, depth, lr, warmup, first) for lr in lrs
-                           if (variant, depth, lr, warmup, first) not in results]
-                if missing:
-                    break
+            while not (missing := [run for run in ((variant, depth, lr, warmup, first) for lr in lrs)
+                                   if run not in results]):
                 points = [point((variant, depth, lr, warmup, first)) for lr in lrs]
                 chosen = lr_tuning.choose_lr(points)
                 new = lr_tuning.edge_extension(lrs, chosen)
-                if new is None:
-                    break
-                if extension == lr_tuning.MAX_EXTENSIONS:
-                    if chosen is not None:
-                        say(f"{variant} L{depth}: the best lr, {chosen:g}, is still at the edge of the grid after "
-                            f"{lr_tuning.MAX_EXTENSIONS} extensions; it is kept, but a better one may lie outside")
+                extension = len(lrs) - len(study.tune_lr) + 1  # each extension adds one lr outside the grid
+                if new is not None and extension > lr_tuning.MAX_EXTENSIONS and chosen is not None:
+                    say(f"{variant} L{depth}: the best lr, {chosen:g}, is still at the edge of the grid after "
+                        f"{lr_tuning.MAX_EXTENSIONS} extensions; it is kept, but a better one may lie outside")
+                if new is None or extension > lr_tuning.MAX_EXTENSIONS:
                     break
                 why = (f"the best lr, {chosen:g}, is at the edge of the grid" if chosen is not None
                        else "no lr of the grid trained without diverging or plateauing")
-                say(f"{variant} L{depth}: {why}; adding {new:g} (extension {extension + 1} of "
-                    f"{lr_tuning.MAX_EXTENSIONS})")
+                say(f"{variant} L{depth}: {why}; adding {new:g} (extension {extension} of {lr_tuning.MAX_EXTENSIONS})")
                 lrs = sorted([*lrs, new])
             if missing:
                 grid_runs.update(dict.fromkeys(missing, "grid"))
@@ -216,20 +208,11 @@ def train_study(study, base, worker: Worker) -> Plan:
     """Train every run the study's plan asks for, one after another, or under torchrun with --parallel runs, side by
     side with the other ranks (study/parallel.py); return the plan once nothing is left to train."""
     results: dict[Run, dict | None] = {}
-    said = set()
-
-    def say(message: str) -> None:
-        if message not in said:
-            said.add(message)
-            print(message)
-
+    say = functools.cache(print)  # a decision is told once, however often the plan is made again
     if study.tune_lr:
-        unigram, points = unigram_loss(base), {}
-
-        def point(run: Run) -> lr_tuning.Point:  # a finished run's point never changes: read its metrics once
-            if run not in points:
-                points[run] = tuning_point(run[2], results[run], unigram)
-            return points[run]
+        unigram = unigram_loss(base)
+        # a finished run's point never changes: its metrics are read once
+        point = functools.cache(lambda run: tuning_point(run[2], results[run], unigram))
         plan = lambda: tune_plan(study, results, point, say)  # noqa: E731
     else:
         plan = lambda: grid_plan(study, results)  # noqa: E731
@@ -245,7 +228,7 @@ def train_study(study, base, worker: Worker) -> Plan:
 
         def train_one(item: tuple[Run, str]) -> None:
             run, job = item
-            results[run] = train_or_reuse(base, study, *run, job)
+            results[run] = run_one(base, study, *run, job)
 
         # With --tune_lr a finished grid lets new runs train, and rank 0 writes the report: those ranks wait for
         # the others; in a grid study the other ranks are done once nothing is left to take.
@@ -255,7 +238,7 @@ def train_study(study, base, worker: Worker) -> Plan:
         return plan()
     while (current := plan()).pending:
         run, job = next(iter(current.pending.items()))
-        results[run] = train_or_reuse(base, study, *run, job)
+        results[run] = run_one(base, study, *run, job)
     return current
 
 
@@ -264,7 +247,4 @@ def tokenize_once(base, claims: Path) -> None:
     (into the machine's token cache), while the others wait, then read its cache."""
     with waiting_claim(claims / f"tokenizing-{socket.gethostname()}.lock", base.dist_timeout,
                        "to tokenize the corpus"):
-        tokenizer = load_tokenizer(base.tokenizer_path)
-        for split in ("train", "validation"):
-            prepare_split(base.data_path, split, tokenizer, base.text_field, num_proc=base.num_proc,
-                          streaming=base.streaming)
+        token_splits(base)

@@ -1,6 +1,5 @@
-"""The variant catalogue: the normalization setups the ablation runner and scripts/signal_propagation.py offer
-by name, each a placement crossed with every norm type ("<placement>-<norm>"), plus setups named whole (rezero,
-nanochat). What a name means is model/names.py's (variant_fields); this module only chooses which names exist."""
+"""The variant catalogue the ablation runner offers by name: each placement crossed with every norm type
+("<placement>-<norm>"), plus setups named whole. What a name means is model/names.py's (variant_fields)."""
 
 from model.model_minimind import NORM_POSITIONS
 from model.names import RECIPES, VARIANT_DEFAULTS, variant_fields, variant_problem
@@ -22,14 +21,9 @@ PLACEMENTS = [position for position in NORM_POSITIONS if position != "rezero"] +
 # Setups named whole, not crossed with every norm type: ReZero has no norm (the trainer's --norm is unused:
 # "none" says so), and the recipes of model/names.py.
 NAMED = ["rezero", *RECIPES]
-# The trainer flags of a variant's fields (--norm for norm_type), with every field a variant can set.
+# The fields a variant sets besides its norm type, each a trainer flag of the same name, with their defaults.
 PLACEMENT_DEFAULTS = {field: value for field, value in VARIANT_DEFAULTS.items() if field != "norm_type"}
-
-
-def variant_flags(name: str) -> dict:
-    return {"norm" if field == "norm_type" else field: value for field, value in variant_fields(name).items()
-            if field in VARIANT_DEFAULTS}
-
-
-VARIANTS = {name: variant_flags(name) for name in
-            [f"{placement}-{norm}" for placement in PLACEMENTS for norm in sorted(NORM_TYPES)] + NAMED}
+# Each name's trainer flags: every field a variant can set, norm_type as --norm.
+VARIANTS = {name: {"norm" if field == "norm_type" else field: value for field, value in variant_fields(name).items()
+                   if field in VARIANT_DEFAULTS}
+            for name in [f"{placement}-{norm}" for placement in PLACEMENTS for norm in sorted(NORM_TYPES)] + NAMED}
