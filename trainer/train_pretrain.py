@@ -1,11 +1,5 @@
-"""Pretrain a MiniMind decoder: one process, or many under torchrun (DDP).
-
-    python trainer/train_pretrain.py                                   # Shakespeare, CPU preset, minutes
-    python trainer/train_pretrain.py --norm layernorm --norm_position post
-    torchrun --nproc_per_node=8 trainer/train_pretrain.py --data_path roneneldan/TinyStories
-
-The loop lives in train(args), which the ablation runner calls too.
-"""
+"""Pretrain a MiniMind decoder: one process, or many under torchrun (DDP). The loop lives in train(args), which
+the ablation runner calls too; the README's quick tour shows the command lines."""
 
 import argparse
 import json
@@ -96,17 +90,13 @@ def require_window(data: PackedTokens, args) -> None:
                     f"tokens, fewer than --max_seq_len + 1 = {args.max_seq_len + 1}{fix}")
 
 
-# Fewer bytes per token than this means the tokenizer barely covers the corpus (its BPE merges were learned on other
-# text): the shipped tokenizer gives Shakespeare 2.95, German 2.3, Python 1.9 and Chinese 1.0.
+# Fewer bytes per token means a tokenizer learned on other text (the shipped one: Shakespeare 2.95, Chinese 1.0).
 FEW_BYTES_PER_TOKEN = 1.5
 
-# A run can blow up and die without a NaN: AdamW's normalized steps keep the weights finite while the loss climbs
-# to thousands of nats, and it may later sit at exactly ln V (V = vocabulary size), the loss of a uniform guess, once
-# the logits no longer depend on the input. A run starts near ln V (small initial logits), but not every one:
-# deepnorm without a norm starts near 3,200 nats and still trains down (docs/training.md). So a blow-up is
-# measured against the larger of ln V and the run's first loss, the loss of its initial weights. Only evaluations
-# decide: a training window that blows up is a spike, and runs come back from spikes (8 layers without a norm
-# spiked to 16,087 nats and trained on to 5.2; docs/results/study.md), so it is remembered and reported, not fatal.
+# A run can diverge with finite numbers: the loss climbs to thousands of nats, or sits at exactly ln V (a uniform
+# guess) once the logits ignore the input. A blow-up is measured from the larger of ln V and the run's first loss
+# (deepnorm without a norm starts near 3,200 nats and trains down). Only evaluations decide: runs come back from a
+# training spike, which is reported, not fatal (docs/training.md, docs/results/study.md).
 BLOW_UP = 2  # a loss above BLOW_UP x that: far worse than where it started
 COLLAPSE_TOL = 1e-3  # a validation loss this close to ln V, after the run had learned LEARNED nats or had spiked
 LEARNED = 1.0
@@ -122,8 +112,8 @@ def blown_up(loss: float, start: float, vocab_size: int) -> str | None:
 
 
 def val_divergence(loss: float, step: int, start: float, lowest: float, spiked: bool, vocab_size: int) -> str | None:
-    """How a validation loss at `step` shows the run diverged, in words; None while it is healthy. `start`
-    is the run's first loss, `lowest` the lowest it logged before, `spiked` whether a training window blew up."""
+    """How a validation loss shows the run diverged, in words; None while it is healthy. `lowest` is the lowest
+    loss logged before, `spiked` whether a training window blew up."""
     uniform = math.log(vocab_size)
     if not math.isfinite(loss):  # finite weights whose forward overflows
         return f"the validation loss was {loss} at step {step}"
@@ -139,10 +129,10 @@ def val_divergence(loss: float, step: int, start: float, lowest: float, spiked: 
 
 def train(args) -> dict:
     """Run one training job and return its summary: the outcome on every rank, all the numbers on rank 0 (which
-    also writes them to out_dir/summary.json). Rank 0 owns out_dir meanwhile (see trainer/run_dir.py)."""
+    writes them to out_dir/summary.json and owns out_dir meanwhile)."""
     rank, world_size, device = setup_distributed(args.device, args.dist_timeout)
-    if device.type == "cpu":  # subnormal floats run ~7x slower on CPUs; only a run stuck at a plateau makes them
-        torch.set_flush_denormal(True)  # (docs/training.md: healthy runs are bit-identical either way)
+    if device.type == "cpu":  # subnormals (a run stuck at a plateau) compute ~7x slower; docs/training.md
+        torch.set_flush_denormal(True)
     hf_logging.disable_progress_bar()  # save_pretrained's per-save "Writing model shards" bar would bury the log
     interrupts = InterruptGuard()
     try:
@@ -204,9 +194,8 @@ class Accounting:
 
 @dataclass
 class Window:
-    """The steps since the last train record: their loss, summed on the device, how many they are, how many of
-    them were untimed warm-up steps, and train_time when the window began. A checkpoint carries it, so that the
-    first record after a --resume averages the same steps, to the bit, as it would have without the stop."""
+    """The steps since the last train record: their loss summed on the device, their count, the untimed warm-up
+    steps among them, train_time at its start. Checkpointed: a --resume's first record averages the same steps."""
     loss: torch.Tensor
     steps: int = 0
     untimed: int = 0
@@ -234,6 +223,10 @@ class TrainState:
     divergence: str | None = None  # how it diverged, in words
     interrupted: bool = False
     last_val: dict | None = None  # the last evaluation record of this process
+
+
+# The TrainState fields a checkpoint carries under their own names.
+RESUMED = ("step", "train_time", "compile_time", "untimed_steps", "start_loss", "lowest_loss", "spiked")
 
 
 def run_training(args, rank: int, world_size: int, device: torch.device, tokenizer, config) -> dict:
@@ -295,10 +288,9 @@ def start_or_resume(job: Job, config: MiniMindConfig | None, splits: Splits) -> 
         else:  # a disabled scaler ignores a saved state (an fp16 checkpoint resumed in bf16 or fp32)
             scaler.load_state_dict(saved["scaler"])
         sampler.load_state_dict(saved["sampler"][job.rank])
-        state.step, state.train_time, state.run_id = saved["step"], saved["train_time"], saved["wandb_run_id"]
-        state.compile_time, state.untimed_steps = saved["compile_time"], saved["untimed_steps"]
-        state.start_loss, state.lowest_loss, state.spiked = saved["start_loss"], saved["lowest_loss"], saved["spiked"]
-        window = saved["window"]
+        for name in RESUMED:
+            setattr(state, name, saved[name])
+        state.run_id, window = saved["wandb_run_id"], saved["window"]
         state.window = Window(torch.tensor(window["loss_sums"][job.rank], device=job.device), window["steps"],
                               window["untimed"], window["start"])
         run_dir.set_rng_state(saved["rng"])
@@ -374,14 +366,11 @@ def save(job: Job, splits: Splits, state: TrainState, tracker: Tracker | None) -
     window = state.window
     if job.master:
         run_dir.save_checkpoint(job.out_dir, state.raw_model, job.tokenizer, {
-            "step": state.step, "optimizer": state.optimizer.state_dict(), "scaler": state.scaler.state_dict(),
-            "sampler": [sampler for sampler, _ in ranks], "train_time": state.train_time,
-            "compile_time": state.compile_time, "untimed_steps": state.untimed_steps,
+            **{name: getattr(state, name) for name in RESUMED}, "optimizer": state.optimizer.state_dict(),
+            "scaler": state.scaler.state_dict(), "sampler": [sampler for sampler, _ in ranks],
             "window": {"loss_sums": [loss for _, loss in ranks], "steps": window.steps, "untimed": window.untimed,
                        "start": window.start},
-            "start_loss": state.start_loss, "lowest_loss": state.lowest_loss, "spiked": state.spiked,
-            "wandb_run_id": tracker.run_id,
-            "args": vars(job.args), "data": splits.fingerprint,
+            "wandb_run_id": tracker.run_id, "args": vars(job.args), "data": splits.fingerprint,
         }, job.args.keep_checkpoints)
 
 
@@ -403,19 +392,22 @@ def run_eval(job: Job, splits: Splits, state: TrainState, costs: Accounting, tra
 def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, tracker: Tracker | None) -> None:
     """Train from state.step to --max_steps, logging, evaluating and saving on their intervals; stop early, after
     saving, when asked to (SIGTERM, Ctrl-C) or when a step diverges (state.step is then the last good one; after
-    a finite blow-up, the step that showed it, unsaved: see val_divergence)."""
+    a finite blow-up, the step that showed it, unsaved)."""
     args, device, raw_model, model, optimizer, scaler, sampler = (
         job.args, job.device, state.raw_model, state.model, state.optimizer, state.scaler, state.sampler)
     mixed_precision, world_size, master = job.mixed_precision, job.world_size, job.master
     stop = StopFlag()
     warming_up, vocab_size = True, raw_model.config.vocab_size
-    # The host reads the device only on steps that log, evaluate or save (or when asked to stop), so in between
-    # it queues work without waiting for the GPU. Until then the loss sums up on the device, and so does the
-    # index of the first step whose loss or gradient was non-finite (inf while there is none): from that step
-    # on every update is skipped on the device, so the weights stay those of the last good step.
+    # The host reads the device only on steps that log, evaluate or save (or stop), so in between it queues work
+    # without waiting for the GPU. Until then the loss sums up on the device, and so does the first step whose
+    # loss or gradient was non-finite (inf while none): every update from it on is skipped on the device.
     first_bad = torch.full((), math.inf, device=device)
     first_loss = torch.full((), math.nan, device=device)  # of a fresh run's first step, read at the first sync
     pbar = tqdm(total=args.max_steps, initial=state.step, disable=not master, desc="train", dynamic_ncols=True)
+
+    def due(interval: int) -> bool:  # alike on every rank: all take part in the reductions of these steps
+        return (state.step + 1) % interval == 0 or state.step + 1 == args.max_steps
+
     t0 = time.perf_counter()
     try:
         while state.step < args.max_steps:
@@ -423,18 +415,14 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
                        args.warmup_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            done = state.step + 1
-            # Decided alike on every rank, since all take part in the reductions at these steps.
-            diag_step = done % args.diag_interval == 0 or done == args.max_steps  # per-block diagnostics, also logged
-            log_now = done % args.log_interval == 0 or done == args.max_steps or diag_step
-            diag_now = diag_step and master
-            eval_now = done % args.eval_interval == 0 or done == args.max_steps
-            save_now = done % args.save_interval == 0 or done == args.max_steps
+            diag_step = due(args.diag_interval)  # per-block diagnostics, also logged
+            log_now, diag_now = due(args.log_interval) or diag_step, diag_step and master
+            eval_now, save_now = due(args.eval_interval), due(args.save_interval)
             loss_sum = torch.zeros((), device=device)
             for micro in range(args.accumulation_steps):
                 x, y = next(sampler)
+                # gradients are all-reduced only on the last micro-step; the others accumulate locally
                 last_micro = micro == args.accumulation_steps - 1
-                # Gradients are all-reduced only on the last micro-step; the others just accumulate locally.
                 sync = nullcontext() if last_micro or world_size == 1 else model.no_sync()
                 with sync, mixed_precision:  # the logits are not kept: freed before the backward needs its memory
                     loss = model(input_ids=x, shift_labels=y).loss / args.accumulation_steps
@@ -464,16 +452,14 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
             pbar.update(1)
             if warming_up:
                 # The first step of a process compiles (--compile) and warms the device up (cuBLAS and attention
-                # plans, the allocator's first blocks): timed apart, once the device has finished it, so that
-                # train_time and tokens/s measure training alone.
+                # plans, the allocator): timed apart, so that train_time and tokens/s measure training alone.
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 now = time.perf_counter()
                 state.compile_time += now - t0
-                t0 = now
                 state.untimed_steps += 1
-                warming_up = False
                 state.window.untimed += 1
+                t0, warming_up = now, False
             if not (log_now or eval_now or save_now or (world_size == 1 and stop.requested)):
                 continue
 
@@ -493,8 +479,7 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
             now = time.perf_counter()
             state.train_time += now - t0
             t0 = now
-            if math.isfinite(earliest_bad):
-                # the steps completed before it; the rest were skipped
+            if math.isfinite(earliest_bad):  # the steps before it were completed, the rest skipped
                 state.diverged, state.step = True, int(earliest_bad)
                 state.divergence = f"the loss, gradient or weights became non-finite at step {state.step + 1}"
                 break
