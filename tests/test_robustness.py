@@ -103,24 +103,16 @@ def test_fresh_run_into_a_used_directory_refuses_and_deletes_nothing(run_copy, r
     assert sorted(train_losses(run_copy)) == [1, 2]
     assert sorted(p.name for p in run_copy.glob("step-*")) == ["step-000002"]
     assert json.loads((run_copy / "summary.json").read_text())["max_steps"] == 2
+    with pytest.raises(UserError, match="--overwrite"):  # and the two contradict
+        parse_args(["--out_dir", str(run_copy), "--resume", "--overwrite"])
 
 
-def test_resume_and_overwrite_contradict(base_run):
-    with pytest.raises(UserError, match="--overwrite"):
-        parse_args(["--out_dir", str(base_run), "--resume", "--overwrite"])
-
-
-def test_a_second_trainer_on_the_directory_refuses_at_once(tmp_path, run):
+def test_a_second_trainer_refuses_at_once_and_a_crashed_trainers_lock_is_stale(tmp_path, run):
     out = tmp_path / "run"
     out.mkdir()
     with exclusive_lock(out / LOCK_FILE), pytest.raises(UserError, match=f"in use by another trainer \\(pid {os.getpid()}\\)"):
         run(out, "--max_steps", 2)
     assert not (out / "metrics.jsonl").exists()
-
-
-def test_a_crashed_trainers_lock_is_stale(tmp_path, run):
-    out = tmp_path / "run"
-    out.mkdir()
     (out / LOCK_FILE).write_text("999999999\n")  # what a killed trainer leaves: its pid, and no lock held
     run(out, "--max_steps", 2)
     with exclusive_lock(out / LOCK_FILE) as locked:  # and the finished run released it
@@ -283,12 +275,10 @@ def safetensors_no_space(*args, **kwargs):  # what safetensors raises when the d
     raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
 
-@pytest.mark.parametrize("where,fail", [("training state", no_space), ("weights", safetensors_no_space)])
-def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(where, fail, run_copy, run, monkeypatch):
-    if where == "weights":
-        monkeypatch.setattr(MiniMindForCausalLM, "save_pretrained", fail)
-    else:
-        monkeypatch.setattr(torch, "save", fail)
+@pytest.mark.parametrize("writer,fail", [("torch.save", no_space),  # the training state
+                                         ("model.MiniMindForCausalLM.save_pretrained", safetensors_no_space)])
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(writer, fail, run_copy, run, monkeypatch):
+    monkeypatch.setattr(writer, fail)
     with pytest.raises(UserError, match="cannot write the checkpoint for step 6 .*No space left on device") as err:
         run(run_copy, "--max_steps", 6, "--resume")
     assert "the previous checkpoint (step-000004) is kept" in str(err.value) and "\n" not in str(err.value)
