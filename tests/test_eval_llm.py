@@ -22,21 +22,15 @@ TINY = {"vocab_size": 400, "hidden_size": 32, "num_hidden_layers": 2, "num_atten
         "num_key_value_heads": 1}
 GREEDY = Sampling(temperature=0, max_new_tokens=16)
 PROMPT = "**PROSPERO**  \nThou"
+TABLE_HEADER = ["checkpoint", "variant", "loss", "ppl", "bpb"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def cache_env(tmp_path_factory):
     """A private token cache for this module's evaluations."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MINIMIND_CACHE", str(tmp_path_factory.mktemp("cache")))
         yield
-
-
-@pytest.fixture(scope="module")
-def run_dir(trained_run) -> Path:
-    """The trainer's --out_dir after a short real run (conftest.py): checkpoint -> step-000040/, named rms-pre."""
-    assert (trained_run / "checkpoint").resolve().name == "step-000040" and trained_run.name == "rms-pre"
-    return trained_run
 
 
 @pytest.fixture(scope="module")
@@ -51,56 +45,45 @@ def post_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     return path
 
 
-def reference_greedy(lm, tokenizer, prompt: str, max_new_tokens: int) -> str:
-    """model.generate's greedy continuation of bos + prompt, the encoding eval_llm documents."""
-    ids = torch.tensor([[tokenizer.bos_token_id] + tokenizer.encode(prompt, add_special_tokens=False)])
+def greedy_by_generate(lm, ids: list[int], max_new_tokens: int, tokenizer) -> str:
+    """model.generate's own greedy continuation of ids."""
+    ids = torch.tensor([ids])
     out = lm.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens)
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
-def test_out_dir_and_checkpoint_dir_load_the_same_model(run_dir):
-    a, _ = load(run_dir)
-    b, _ = load(run_dir / "checkpoint")
+def test_out_dir_and_checkpoint_dir_load_the_same_model(trained_run):
+    a, _ = load(trained_run)
+    b, _ = load(trained_run / "checkpoint")
     assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
     assert not a.training
-    assert eval_llm.display_name(run_dir) == eval_llm.display_name(run_dir / "checkpoint") == "rms-pre"
+    assert eval_llm.display_name(trained_run) == eval_llm.display_name(trained_run / "checkpoint") == "rms-pre"
 
 
-def test_generation_is_deterministic(run_dir, capsys):
-    lm, tokenizer = load(run_dir)
-    sampled = Sampling(temperature=1.0, top_p=0.95, top_k=50, seed=3, max_new_tokens=24)
-    for sampling in (GREEDY, sampled):
-        first = generate_text(lm, tokenizer, PROMPT, sampling)
-        assert first and generate_text(lm, tokenizer, PROMPT, sampling) == first
-    # The seed is what fixes the sample: another seed draws another text.
-    assert generate_text(lm, tokenizer, PROMPT, Sampling(**{**vars(sampled), "seed": 4})) != first
-    # Streaming prints exactly the text it returns.
-    capsys.readouterr()
-    assert generate_text(lm, tokenizer, PROMPT, sampled, stream=True) == first
-    assert capsys.readouterr().out == first + "\n"
+@pytest.mark.parametrize("path", ["trained", "untrained"])
+def test_greedy_equals_model_generate_after_bos(path, trained_run, post_dir):
+    lm, tokenizer = load(trained_run if path == "trained" else post_dir)
+    ids = [tokenizer.bos_token_id] + tokenizer.encode(PROMPT, add_special_tokens=False)
+    assert generate_text(lm, tokenizer, PROMPT, GREEDY) == greedy_by_generate(lm, ids, 16, tokenizer)
 
 
-@pytest.mark.parametrize("which", ["trained", "untrained"])
-def test_greedy_equals_model_generate(which, run_dir, post_dir, capsys):
-    path = run_dir if which == "trained" else post_dir
-    lm, tokenizer = load(path)
-    expected = reference_greedy(lm, tokenizer, PROMPT, GREEDY.max_new_tokens)
-    assert generate_text(lm, tokenizer, PROMPT, GREEDY) == expected
-    # The CLI prints the prompt, then the streamed continuation.
-    main(["--device", "cpu", "--model_path", str(path), "--prompt", PROMPT, "--temperature", "0",
-          "--max_new_tokens", "16"])
-    assert capsys.readouterr().out == PROMPT + expected + "\n\n"
-
-
-@pytest.mark.parametrize("sampling", [["--temperature", "0"], ["--temperature", "0.9", "--seed", "3"]],
+@pytest.mark.parametrize("sampling", [Sampling(temperature=0, max_new_tokens=24),
+                                      Sampling(temperature=0.9, top_p=0.95, top_k=50, seed=3, max_new_tokens=24)],
                          ids=["greedy", "sampled"])
-def test_the_same_continuation_with_and_without_the_kv_cache(run_dir, capsys, sampling):
-    argv = ["--device", "cpu", "--model_path", str(run_dir), "--prompt", PROMPT, "--max_new_tokens", "24", *sampling]
+def test_the_cli_prints_the_seeded_continuation_the_same_with_and_without_the_kv_cache(trained_run, capsys,
+                                                                                       sampling):
+    lm, tokenizer = load(trained_run)
+    expected = generate_text(lm, tokenizer, PROMPT, sampling)
+    assert len(expected) > 10 and generate_text(lm, tokenizer, PROMPT, sampling) == expected
+    if sampling.temperature:  # the seed is what fixes the sample: another seed draws another text
+        assert generate_text(lm, tokenizer, PROMPT, Sampling(**{**vars(sampling), "seed": 4})) != expected
+    flags = [arg for name in ("temperature", "top_p", "top_k", "seed")
+             for arg in (f"--{name}", str(getattr(sampling, name)))]
+    argv = ["--device", "cpu", "--model_path", str(trained_run), "--prompt", PROMPT, "--max_new_tokens", "24", *flags]
     capsys.readouterr()
-    main(argv)
-    cached = capsys.readouterr().out
-    main([*argv, "--no_kv_cache"])
-    assert cached.startswith(PROMPT) and len(cached) > len(PROMPT) + 10 and capsys.readouterr().out == cached
+    for kv_cache in ([], ["--no_kv_cache"]):
+        main([*argv, *kv_cache])  # the prompt, then the continuation as it is streamed
+        assert capsys.readouterr().out == PROMPT + expected + "\n\n"
 
 
 def test_long_prompt_is_cut_from_the_left(tiny_tokenizer, capsys):
@@ -112,15 +95,13 @@ def test_long_prompt_is_cut_from_the_left(tiny_tokenizer, capsys):
     text = generate_text(lm, tiny_tokenizer, prompt, Sampling(temperature=0, max_new_tokens=8))
     warnings = capsys.readouterr().err.splitlines()
     assert len(warnings) == 1 and warnings[0].startswith("warning: prompt of") and "last 16" in warnings[0]
-    kept = torch.tensor([ids[-16:]])
-    out = lm.generate(kept, attention_mask=torch.ones_like(kept), do_sample=False, max_new_tokens=8)
-    assert text == tiny_tokenizer.decode(out[0, 16:], skip_special_tokens=True)
+    assert text == greedy_by_generate(lm, ids[-16:], 8, tiny_tokenizer)
     with pytest.raises(UserError, match="no room for a prompt"):
         generate_text(lm, tiny_tokenizer, prompt, Sampling(temperature=0, max_new_tokens=24))
 
 
-def test_evaluate_split_equals_direct_cross_entropy(run_dir, tiny_corpus):
-    lm, tokenizer = load(run_dir)
+def test_evaluate_split_equals_direct_cross_entropy(trained_run, tiny_corpus):
+    lm, tokenizer = load(trained_run)
     seq_len, batch_size = 16, 3
     split = prepare_split(tiny_corpus, "validation", tokenizer)
     tokens = torch.from_numpy(split.tokens.astype("int64"))
@@ -145,30 +126,49 @@ def test_evaluate_split_equals_direct_cross_entropy(run_dir, tiny_corpus):
                           max_batches=1000)["loss"] == pytest.approx(expected, rel=1e-5)
 
 
-def test_compare_uses_one_seed_and_prints_every_checkpoint(run_dir, post_dir, tiny_corpus, capsys):
+def test_compare_uses_one_seed_and_leaves_out_a_run_without_a_checkpoint(trained_run, post_dir, tiny_corpus,
+                                                                         tmp_path, capsys):
+    """A study's run that diverged before its first save has records but no checkpoint: it is named in a warning
+    and left out, and the others are compared; when none loads, one error line and exit status 2."""
     prompts = [PROMPT, "**ARIEL**  \n"]
     sampled, greedy = Sampling(temperature=1.0, seed=7, max_new_tokens=12), Sampling(temperature=0, max_new_tokens=12)
-    results = compare([run_dir, post_dir], prompts, sampled)
+    results = compare([trained_run, post_dir], prompts, sampled)
     expected_greedy = {}
-    for path, result in zip([run_dir, post_dir], results, strict=True):
+    for path, result in zip([trained_run, post_dir], results, strict=True):
         lm, tokenizer = load(path)
         assert result.continuations == [generate_text(lm, tokenizer, p, sampled) for p in prompts]
         expected_greedy[path.name] = [generate_text(lm, tokenizer, p, greedy) for p in prompts]
 
-    main(["--device", "cpu", "--model_path", str(run_dir), "--compare", str(post_dir),
-          *(a for p in prompts for a in ("--prompt", p)), "--temperature", "0", "--max_new_tokens", "12", "--eval_data", tiny_corpus, "--seq_len", "16"])
-    out = capsys.readouterr().out
+    diverged = tmp_path / "diverged"
+    diverged.mkdir()
+    (diverged / "metrics.jsonl").write_text("")
+    flags = ["--device", "cpu", *(a for p in prompts for a in ("--prompt", p)), "--temperature", "0",
+             "--max_new_tokens", "12", "--eval_data", tiny_corpus, "--seq_len", "16"]
+    capsys.readouterr()
+    main([*flags, "--model_path", str(trained_run), "--compare", str(diverged), str(post_dir)])
+    out, err = capsys.readouterr()
     blocks = out.split("=== prompt ")[1:]
-    assert len(blocks) == len(prompts)
+    assert len(blocks) == len(prompts) and "--- diverged" not in out
     for i, block in enumerate(blocks):
         assert block.startswith(f"{i + 1} ===\n{prompts[i]}\n")
         assert f"--- rms-pre (pre-rmsnorm) ---\n{expected_greedy['rms-pre'][i]}\n" in block
         assert f"--- ln-post (post-layernorm) ---\n{expected_greedy['ln-post'][i]}\n" in block
-    header, trained, untrained = (line.split() for line in out.strip().splitlines()[-3:])
-    assert header == ["checkpoint", "variant", "loss", "ppl", "bpb"]
+    header, trained, skipped, untrained = (line.split() for line in out.strip().splitlines()[-4:])
+    assert header == TABLE_HEADER and skipped == ["diverged", "not", "loaded", "—", "—", "—"]
     assert trained[:2] == ["rms-pre", "pre-rmsnorm"] and untrained[:2] == ["ln-post", "post-layernorm"]
     # The trained checkpoint predicts the held-out text better than the untrained one.
     assert float(trained[2]) < float(untrained[2])
+    assert [line for line in err.splitlines() if line.startswith("warning:")] == [
+        f"warning: left out of the comparison: {diverged}: not a model directory (no config.json, no checkpoint or "
+        "step-* folders); has the run saved a checkpoint?"]
+
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: main([*flags, "--compare", str(diverged)]))
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2 and out == ""
+    assert [line for line in err.splitlines() if line.startswith("error:")] == err.splitlines()[-1:] == [
+        "error: nothing to compare: no model directory could be loaded (the warnings above say why); pass at "
+        "least one that holds a checkpoint"]
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -193,26 +193,20 @@ def test_a_model_is_required():
         eval_llm.parse_args(["--prompt", "Hi"])
 
 
-@pytest.fixture(scope="module")
-def weightless_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("weightless")
-    MiniMindConfig(**TINY).save_pretrained(path)
-    return path
-
-
-def bad_input_cases(run_dir, weightless_dir, tmp_path) -> dict:
-    return {
+@pytest.mark.parametrize("case", ["missing", "no weights", "tokenizer too big", "tokenizer too small"])
+def test_bad_input_is_one_error_line(case, trained_run, tiny_tokenizer_dir, tmp_path, capsys):
+    """The trainer sizes a MiniMind vocabulary to its tokenizer exactly: any other tokenizer is the wrong one."""
+    MiniMindConfig(**TINY).save_pretrained(tmp_path / "weightless")
+    MiniMindForCausalLM(MiniMindConfig(**{**TINY, "vocab_size": 512})).save_pretrained(tmp_path / "vocab512")
+    args, expected = {
         "missing": (["--model_path", tmp_path / "nope"], "no such directory"),
-        "no weights": (["--model_path", weightless_dir], "no weights"),
-        "tokenizer too big": (["--model_path", run_dir, "--tokenizer_path", DEFAULT_TOKENIZER_DIR],
+        "no weights": (["--model_path", tmp_path / "weightless"], "no weights"),
+        "tokenizer too big": (["--model_path", trained_run, "--tokenizer_path", DEFAULT_TOKENIZER_DIR],
                               f"has {len(load_tokenizer(DEFAULT_TOKENIZER_DIR))} tokens but the model's "
                               "vocabulary has 400"),
-    }
-
-
-@pytest.mark.parametrize("case", ["missing", "no weights", "tokenizer too big"])
-def test_bad_input_is_one_error_line(case, run_dir, weightless_dir, cache_env, tmp_path, capsys):
-    args, expected = bad_input_cases(run_dir, weightless_dir, tmp_path)[case]
+        "tokenizer too small": (["--model_path", tmp_path / "vocab512", "--tokenizer_path", tiny_tokenizer_dir],
+                                "has 400 tokens but the model's vocabulary has 512"),
+    }[case]
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
         run_cli(lambda: main([*map(str, args), "--prompt", "Hi"]))
@@ -223,17 +217,11 @@ def test_bad_input_is_one_error_line(case, run_dir, weightless_dir, cache_env, t
     assert "Traceback" not in err and out == ""
 
 
-def test_tokenizer_smaller_than_a_minimind_vocabulary_is_refused(tmp_path, tiny_tokenizer_dir):
-    MiniMindForCausalLM(MiniMindConfig(**{**TINY, "vocab_size": 512})).save_pretrained(tmp_path)
-    with pytest.raises(UserError, match="has 400 tokens but the model's vocabulary has 512"):
-        load(tmp_path, tokenizer_path=tiny_tokenizer_dir)
-
-
 @pytest.mark.parametrize("family, model_type, overrides", [
     ("LlamaForCausalLM", "llama", {}), ("Qwen3ForCausalLM", "qwen3", {"qk_norm": "head"}),
     ("Olmo2ForCausalLM", "olmo2", {"norm_position": "reorder", "qk_norm": "proj"})])
-def test_held_out_evaluation_of_every_exported_family(family, model_type, overrides, tiny_tokenizer, tiny_corpus, tmp_path,
-                                                      cache_env, capsys):
+def test_held_out_evaluation_of_every_exported_family(family, model_type, overrides, tiny_tokenizer, tiny_corpus,
+                                                      tmp_path, capsys):
     """eval_llm.py loads an export as its transformers class and generates what the checkpoint does; plain
     transformers classes take no shift_labels, so evaluation must not depend on the model computing a loss."""
     torch.manual_seed(0)
@@ -253,10 +241,11 @@ def test_held_out_evaluation_of_every_exported_family(family, model_type, overri
     main(["--device", "cpu", "--model_path", str(tmp_path / "export"), "--eval_data", tiny_corpus, "--seq_len", "16",
           "--batch_size", "4", "--eval_batches", "2"])
     header, row = capsys.readouterr().out.strip().splitlines()
+    assert header.split() == TABLE_HEADER
     assert row.split()[:3] == ["export", eval_llm.HF_VARIANTS[model_type], f"{exported['loss']:.4f}"]
 
 
-def test_a_diverged_model_has_infinite_perplexity(tiny_tokenizer, tiny_corpus, cache_env):
+def test_a_diverged_model_has_infinite_perplexity(tiny_tokenizer, tiny_corpus):
     torch.manual_seed(0)
     lm = MiniMindForCausalLM(MiniMindConfig(**TINY, tie_word_embeddings=False)).eval()
     with torch.no_grad():
@@ -267,42 +256,11 @@ def test_a_diverged_model_has_infinite_perplexity(tiny_tokenizer, tiny_corpus, c
     assert row.split()[3] == "inf"
 
 
-def test_compare_leaves_out_a_run_without_a_checkpoint_and_prints_the_others(run_dir, post_dir, tiny_corpus,
-                                                                            cache_env, tmp_path, capsys):
-    """A study's run that diverged before its first save: its folder has records but no checkpoint."""
-    diverged = tmp_path / "diverged"
-    diverged.mkdir()
-    (diverged / "metrics.jsonl").write_text("")
-    flags = ["--device", "cpu", "--prompt", PROMPT, "--temperature", "0", "--max_new_tokens", "4",
-             "--eval_data", tiny_corpus, "--seq_len", "16", "--eval_batches", "1"]
-    capsys.readouterr()
-    main([*flags, "--compare", str(run_dir), str(diverged), str(post_dir)])
-    out, err = capsys.readouterr()
-    assert "--- rms-pre (pre-rmsnorm) ---" in out and "--- ln-post (post-layernorm) ---" in out
-    assert "--- diverged" not in out
-    header, trained, skipped, untrained = (line.split() for line in out.strip().splitlines()[-4:])
-    assert header == ["checkpoint", "variant", "loss", "ppl", "bpb"] and skipped == ["diverged", "not", "loaded", "—",
-                                                                                     "—", "—"]
-    assert trained[:2] == ["rms-pre", "pre-rmsnorm"] and untrained[:2] == ["ln-post", "post-layernorm"]
-    assert float(trained[2]) < float(untrained[2])
-    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
-    assert warnings == [f"warning: left out of the comparison: {diverged}: not a model directory (no config.json, "
-                        "no checkpoint or step-* folders); has the run saved a checkpoint?"]
-    # nothing to compare: one error line and exit status 2
-    with pytest.raises(SystemExit) as stopped:
-        run_cli(lambda: main([*flags, "--compare", str(diverged)]))
-    out, err = capsys.readouterr()
-    assert stopped.value.code == 2 and out == ""
-    assert err.splitlines()[-1] == ("error: nothing to compare: no model directory could be loaded (the warnings "
-                                    "above say why); pass at least one that holds a checkpoint")
-    assert [line for line in err.splitlines() if line.startswith("error:")] == err.splitlines()[-1:]
-
-
-def test_a_prompt_that_is_not_utf8_is_read_with_replacement_characters(run_dir, capsys, monkeypatch):
-    lm, tokenizer = load(run_dir)
+def test_a_prompt_that_is_not_utf8_is_read_with_replacement_characters(trained_run, capsys, monkeypatch):
+    lm, tokenizer = load(trained_run)
     expected = "To be \ufffd" + generate_text(lm, tokenizer, "To be \ufffd", Sampling(temperature=0, max_new_tokens=4))
     warning = "warning: prompt 'To be \ufffd' is not valid UTF-8; its undecodable bytes are read as U+FFFD"
-    flags = ["--device", "cpu", "--model_path", str(run_dir), "--temperature", "0", "--max_new_tokens", "4"]
+    flags = ["--device", "cpu", "--model_path", str(trained_run), "--temperature", "0", "--max_new_tokens", "4"]
     capsys.readouterr()
     main([*flags, "--prompt", os.fsdecode(b"To be \xff")])  # as $'To be \xff' reaches sys.argv
     out, err = capsys.readouterr()
