@@ -64,8 +64,7 @@ def test_max_attention_logit_counts_only_causal_pairs_and_groups_heads():
 
 
 def test_max_attention_logit_of_an_attention_layer_with_known_weights():
-    """hidden 2, one head of dim 2: W_q reads the first feature, W_k the second. RoPE at theta^0 = 1 rotates a
-    position-p vector by p radians, so q_i . k_j = x_i[0] * x_j[1] * cos(i - j)."""
+    """W_q reads the first feature, W_k the second, RoPE turns position p by p radians: q_i.k_j = x_i0 x_j1 cos(i-j)."""
     config = MiniMindConfig(vocab_size=8, hidden_size=2, num_hidden_layers=1, num_attention_heads=1,
                             num_key_value_heads=1)
     attention = Attention(config, 0)
@@ -139,9 +138,8 @@ def test_layer_stats_leave_batchnorm_running_statistics_alone():
 @pytest.mark.parametrize("position,qk_norm", [(p, q) for p in NORM_POSITIONS for q in ("none", "head", "proj")
                                               if p not in QKV_PLACEMENTS or q == "head"])  # HybridNorm needs head
 def test_layer_stats_read_what_attention_sees_in_every_placement(position, qk_norm):
-    """The hook must see the attention's real input: the block input itself where the placement has no norm
-    before attention (post, reorder, deepnorm, Mix-LN's Post blocks), else that norm's output (times LayerNorm
-    Scaling's factor). With unit-gain per-head QK-norm every logit is at most sqrt(head_dim)."""
+    """The hook sees the attention's real input: the block input where no norm comes before attention, else that
+    norm's output (times LayerNorm Scaling's factor). With unit-gain per-head QK-norm logits are <= sqrt(head_dim)."""
     scaling = "depth" if position in ("pre", "mix") else "none"
     model = tiny_model(perturb=False, norm_position=position, qk_norm=qk_norm, norm_scaling=scaling,
                        mix_ln_fraction=0.5, v_norm="head" if position in QKV_PLACEMENTS else "none").train()
