@@ -1,6 +1,5 @@
-"""trainer/optim.py: weight decay on norm gains; --optimizer muon: which parameters Muon gets, the skipped step, the
-schedule, exact resume and DDP; the trainer-level divergence and float16 tests run with both optimizers in
-test_train_loop.py."""
+"""trainer/optim.py: the schedule, the decay split, --optimizer muon: which parameters Muon gets, the skipped step;
+exact resume, DDP, divergence and float16 run with both optimizers in test_trainer.py and test_train_loop.py."""
 
 import re
 
@@ -8,18 +7,8 @@ import pytest
 import torch
 
 from study.variants import VARIANTS, variant_fields, variant_problem
-from tests import test_trainer
-from tests.test_trainer import (
-    assert_same_run,
-    refused,
-    straight_and_in_halves,
-    train_in_process,
-    train_two_ranks,
-)
 from tests.tiny import ids, tiny_model
-from trainer.optim import MuonWithAdamW, build_optimizer, step_unless
-
-env, tiny_args = test_trainer.env, test_trainer.tiny_args  # the training tests' fixtures, shared
+from trainer.optim import MuonWithAdamW, build_optimizer, lr_at, step_unless
 
 MUON_NAME = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight")
 
@@ -81,21 +70,24 @@ def test_an_untied_lm_head_and_norm_gains_with_decay_stay_with_adamw():
     assert id(model.model.embed_tokens.weight) not in decayed
 
 
-def test_rezero_scales_join_adamw_without_decay():
-    model = tiny_model(norm_position="rezero")
-    _, adamw = split(model)
-    undecayed = {id(p) for group in adamw if group["weight_decay"] == 0 for p in group["params"]}
-    scales = [layer.attn_residual_scale for layer in model.model.layers] + [
-        layer.mlp_residual_scale for layer in model.model.layers]
-    assert all(id(p) in undecayed for p in scales)
+def test_lr_schedule_warms_up_then_decays_to_min_lr():
+    assert lr_at(0, 100, 1.0, 0.1, 10) == pytest.approx(0.1)
+    assert lr_at(9, 100, 1.0, 0.1, 10) == pytest.approx(1.0)
+    assert lr_at(100, 100, 1.0, 0.1, 10) == pytest.approx(0.1)
+    assert lr_at(55, 100, 1.0, 0.1, 10) == pytest.approx(0.55)
 
 
-def test_adamw_is_the_default_and_unchanged():
-    model = tiny_model()
+def test_adamw_is_the_default_and_decays_only_the_matrices():
+    model = tiny_model(norm_type="layernorm")
     default, named = build_optimizer(model, 1e-3, 0.1), build_optimizer(model, 1e-3, 0.1, False, "adamw")
     assert type(default) is type(named) is torch.optim.AdamW
     assert [[id(p) for p in g["params"]] for g in default.param_groups] == [
         [id(p) for p in g["params"]] for g in named.param_groups]
+    decay, no_decay = default.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim == 2 for p in decay["params"])
+    assert any(p is model.model.embed_tokens.weight for p in no_decay["params"])
+    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == sum(p.numel() for p in model.parameters())
 
 
 def test_one_learning_rate_drives_both_optimizers():
@@ -154,27 +146,3 @@ def test_a_skipped_step_changes_nothing_and_a_taken_one_is_plain_muon_and_adamw(
     gradients(model)
     step_unless(optimizer, torch.tensor(False))
     assert_equal(snapshot(model, optimizer), snapshot(reference, plain))
-
-
-def test_exact_resume_with_muon(tmp_path, tiny_args, capsys):
-    """8 steps straight, and 4 then a --resume to 8: the same losses and weights, bit for bit, so both
-    optimizers' states (AdamW's moments, Muon's momenta) come back from the checkpoint."""
-    muon = [*tiny_args, "--optimizer", "muon"]
-    common, straight, halves = straight_and_in_halves(tmp_path, muon, train_in_process)
-    assert_same_run(straight, halves)
-    state = torch.load(halves / "checkpoint" / "training_state.pt", weights_only=False)
-    assert set(state["optimizer"]) == {"adamw", "muon"} and len(state["optimizer"]["muon"]["state"]) == 7 * 2
-    # the other optimizer would not continue the same run: refused in one line, checkpoint untouched
-    status, lines = refused([*common, "--out_dir", halves, "--max_steps", 12, "--resume", "--optimizer", "adamw"],
-                            capsys)
-    assert status == 2 and lines[-1].startswith("error: --resume: the checkpoint was trained with --optimizer muon")
-    assert (halves / "checkpoint").resolve().name == "step-000008"
-
-
-@pytest.mark.slow  # torchrun and two trainer processes
-def test_ddp_ranks_hold_the_same_weights_after_muon_steps(tmp_path, env, tiny_args):
-    r0, r1 = train_two_ranks(tmp_path, env, [*tiny_args, "--max_steps", "4", "--optimizer", "muon"])
-    assert all(a != b for a, b in zip(r0["seen"], r1["seen"], strict=True))  # different data per rank
-    assert all(torch.equal(r0["state"][k], r1["state"][k]) for k in r0["state"])  # identical weights
-    saved = torch.load(tmp_path / "run" / "checkpoint" / "training_state.pt", weights_only=False)["optimizer"]
-    assert all(s["momentum_buffer"].abs().sum() > 0 for s in saved["muon"]["state"].values())  # Muon stepped

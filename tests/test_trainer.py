@@ -18,7 +18,7 @@ import model  # noqa: F401  (registers MiniMind with the Auto classes)
 import trainer.train_pretrain as tp
 from common.cli import run_cli
 from trainer.args import parse_args
-from trainer.optim import build_optimizer, lr_at
+from trainer.optim import OPTIMIZERS
 from trainer.tracking import compact, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,14 +145,20 @@ def assert_same_run(straight, halves):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_exact_resume(tmp_path, tiny_args, capsys):
-    common, straight, halves = straight_and_in_halves(tmp_path, tiny_args, train_in_process)
+@pytest.mark.parametrize("optimizer, change, refusal", [
+    ("adamw", ["--batch_size", 2], "--batch_size"),
+    ("muon", ["--optimizer", "adamw"], "--resume: the checkpoint was trained with --optimizer muon"),
+])
+def test_exact_resume(tmp_path, tiny_args, capsys, optimizer, change, refusal):
+    """Bit for bit, so every optimizer state (AdamW's moments, Muon's momenta) comes back from the checkpoint."""
+    flags = [*tiny_args, "--optimizer", optimizer]
+    common, straight, halves = straight_and_in_halves(tmp_path, flags, train_in_process)
     assert_same_run(straight, halves)
     assert sorted(p.name for p in halves.iterdir() if p.name.startswith("step-")) == ["step-000004", "step-000008"]
 
-    # resuming with another batch shape would not continue the same run: refused, checkpoint untouched
-    status, lines = refused([*common, "--out_dir", halves, "--max_steps", 12, "--resume", "--batch_size", 2], capsys)
-    assert status == 2 and "--batch_size" in lines[-1] and lines[-1].startswith("error:")
+    # a flag that would not continue the same run: refused in one line, checkpoint untouched
+    status, lines = refused([*common, "--out_dir", halves, "--max_steps", 12, "--resume", *change], capsys)
+    assert status == 2 and lines[-1].startswith("error: ") and refusal in lines[-1]
     assert (halves / "checkpoint").resolve().name == "step-000008"
 
 
@@ -301,41 +307,27 @@ torch.save({{"seen": seen, "state": built[0].state_dict()}}, os.path.join({out!r
 """
 
 
-def train_two_ranks(tmp_path, env, flags) -> tuple[dict, dict]:
-    """A run of the trainer under torchrun with 2 gloo ranks (DDP_PROBE): each rank's batches and final weights."""
+@pytest.mark.slow  # torchrun and two trainer processes
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_ddp_two_processes_gloo(tmp_path, env, tiny_args, optimizer):
+    """A run under torchrun with 2 gloo ranks (DDP_PROBE records each rank's batches and final weights)."""
     probe = tmp_path / "probe.py"
     probe.write_text(textwrap.dedent(DDP_PROBE.format(repo=str(REPO), out=str(tmp_path))))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe),
-           *flags, "--out_dir", str(tmp_path / "run"), "--device", "cpu"]
+           *tiny_args, "--max_steps", "4", "--accumulation_steps", "2", "--optimizer", optimizer,
+           "--out_dir", str(tmp_path / "run"), "--device", "cpu"]
     result = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=REPO,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    return tuple(torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in (0, 1))
-
-
-@pytest.mark.slow  # torchrun and two trainer processes
-def test_ddp_two_processes_gloo(tmp_path, env, tiny_args):
-    r0, r1 = train_two_ranks(tmp_path, env, [*tiny_args, "--max_steps", "4", "--accumulation_steps", "2"])
+    r0, r1 = (torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in (0, 1))
     assert len(r0["seen"]) == len(r1["seen"]) == 9  # 4 steps x 2 micro-batches, and the next one drawn ahead
     assert all(a != b for a, b in zip(r0["seen"], r1["seen"], strict=True))  # different data per rank
     assert all(torch.equal(r0["state"][k], r1["state"][k]) for k in r0["state"])  # identical weights
-    assert (tmp_path / "run" / "checkpoint" / "model.safetensors").is_file()
     assert not (tmp_path / "run" / "metrics.jsonl").read_text().count('"step": 4') > 2  # only rank 0 logged
-
-
-def test_lr_schedule_and_decay_groups():
-    assert lr_at(0, 100, 1.0, 0.1, 10) == pytest.approx(0.1)
-    assert lr_at(9, 100, 1.0, 0.1, 10) == pytest.approx(1.0)
-    assert lr_at(100, 100, 1.0, 0.1, 10) == pytest.approx(0.1)
-    assert lr_at(55, 100, 1.0, 0.1, 10) == pytest.approx(0.55)
-    m = model.MiniMindForCausalLM(model.MiniMindConfig(vocab_size=64, hidden_size=32, num_attention_heads=2,
-                                                       num_key_value_heads=1, num_hidden_layers=1,
-                                                       norm_type="layernorm"))
-    decay, no_decay = build_optimizer(m, 1e-3, 0.1).param_groups
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.ndim == 2 for p in decay["params"])
-    assert any(p is m.model.embed_tokens.weight for p in no_decay["params"])
-    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == sum(p.numel() for p in m.parameters())
+    assert (tmp_path / "run" / "checkpoint" / "model.safetensors").is_file()
+    saved = torch.load(tmp_path / "run" / "checkpoint" / "training_state.pt", weights_only=False)["optimizer"]
+    if optimizer == "muon":  # Muon stepped
+        assert all(s["momentum_buffer"].abs().sum() > 0 for s in saved["muon"]["state"].values())
 
 
 def test_a_cpu_run_computes_without_subnormal_floats(trained_run):
