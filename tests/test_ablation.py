@@ -130,17 +130,31 @@ def test_study_flags_are_completed_from_the_trainers_and_all_is_every_variant_th
     assert study.baseline == "post-rmsnorm"
 
 
-def test_repeated_seeds_and_variants_run_and_count_once(monkeypatch, capsys):
-    trained = []
+@pytest.fixture
+def fake_runs(monkeypatch) -> tuple[list, set]:
+    """Stand-in runs, best at lr 2e-3: (the (variant, lr, seed) of each run trained, in order; the variants whose
+    every run is to be unusable, to add to)."""
+    trained, collapsing = [], set()
 
     def fake_run(base, study, variant, depth, lr, warmup, seed, job):
         trained.append((variant, lr, seed))
-        return {"seed": seed, "diverged": False, "plateaued": False, "val_loss": 4.0 + seed / 100, "val_bpb": 1.0,
-                "tokens_per_s": None, "s_per_step": None, "norm_params": 10}
+        # what the run is to the study, its wandb tag job=...
+        assert job == ("run" if study.tune_lr is None else "grid" if seed == study.seeds[0] else "seed")
+        return {"variant": variant, "seed": seed, "diverged": False, "plateaued": False, "val_bpb": 1.0,
+                "val_loss": 4.0 + seed / 100 + abs(math.log2(lr / 2e-3)), "tokens_per_s": None, "s_per_step": None,
+                "norm_params": 10}
     monkeypatch.setattr(runner, "run_one", fake_run)
+    monkeypatch.setattr(runner, "unigram_loss", lambda base: 6.0)
+    monkeypatch.setattr(runner, "tuning_point", lambda lr, run, unigram: lr_tuning.Point(
+        lr, run["val_loss"], run["variant"] not in collapsing))
+    return trained, collapsing
+
+
+def test_repeated_seeds_and_variants_run_and_count_once(fake_runs, capsys):
+    trained, _ = fake_runs
     capsys.readouterr()
     study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "pre-rmsnorm",
-                                           "--seeds", "1", "0", "1", "1"])
+                                           "--seeds", "1", "0", "1", "1", "--learning_rates", "2e-3"])
     assert (study.variants, study.seeds) == (["pre-rmsnorm", "post-rmsnorm"], [1, 0])
     assert capsys.readouterr().err.splitlines() == [
         "note: --variants repeats pre-rmsnorm; each runs and counts once",
@@ -151,9 +165,6 @@ def test_repeated_seeds_and_variants_run_and_count_once(monkeypatch, capsys):
     assert "| 4.005 ± 0.007 | 1.000 ± 0.000 | — | — | 10 | 0/2 | 0/2 |" in results_table(groups, False)
     # ... and in the fair study, where the first seed tunes and each other seed trains once at the choice
     trained.clear()
-    monkeypatch.setattr(runner, "unigram_loss", lambda base: 6.0)
-    monkeypatch.setattr(runner, "tuning_point", lambda lr, run, unigram: lr_tuning.Point(
-        lr, abs(math.log2(lr / 2e-3)), True))
     study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "--seeds", "0", "1", "0", "1",
                                            "--tune_lr", "1e-3", "2e-3", "4e-3"])
     groups = runner.train_study(study, base, Worker()).groups
@@ -241,9 +252,8 @@ def test_diverged_run_is_recorded_not_fatal_and_each_run_ends_in_one_line(study,
     assert closing[0][0].startswith("done: step 30/30, val loss ")
     assert closing[1][0].startswith("diverged: the loss, gradient or weights became non-finite")
     runs = {Path(r["out_dir"]).name: r for r in json.loads((out / "results.json").read_text())}
-    assert not runs["pre-none-L2-lr0.001-wu0-s0"]["diverged"]
-    assert runs["pre-none-L2-lr1e+06-wu0-s0"]["diverged"]
-    assert not runs["pre-none-L2-lr1e+06-wu0-s0"]["plateaued"]  # diverged is its own outcome
+    fine, blown = runs["pre-none-L2-lr0.001-wu0-s0"], runs["pre-none-L2-lr1e+06-wu0-s0"]
+    assert not fine["diverged"] and blown["diverged"] and not blown["plateaued"]  # diverged is its own outcome
     table = (out / "results.md").read_text()
     assert "| pre-none | 2 | 1e+06 | 0 | — | — | — | — | 0 | 1/1 | 0/1 |" in table
     assert (out / "grid-pre-none-L2.png").stat().st_size > 0
@@ -324,29 +334,20 @@ def test_speed_columns_leave_out_runs_without_a_timed_step():
     assert "| — | — |" in results_table({("pre-rmsnorm", 2, 1e-3, 10): runs[:1]}, grid=False)
 
 
-def test_a_variant_that_trains_at_no_lr_grows_its_grid_downwards_and_trains_no_other_seed(monkeypatch, capsys):
+def test_a_variant_that_trains_at_no_lr_grows_its_grid_downwards_and_trains_no_other_seed(fake_runs, capsys):
     """The tuning loop on stand-in runs: every run of post-rmsnorm collapses, pre-rmsnorm's best is inside."""
-    trained = []
-
-    def fake_run(base, study, variant, depth, lr, warmup, seed, job):
-        trained.append((variant, lr, seed))
-        assert job == ("grid" if seed == 0 else "seed")  # what the run is to the study: its wandb tag job=...
-        return {"variant": variant, "lr": lr, "seed": seed, "val_loss": 4.0 + abs(math.log2(lr / 2e-3))}
-    monkeypatch.setattr(runner, "run_one", fake_run)
-    monkeypatch.setattr(runner, "unigram_loss", lambda base: 6.0)
-    monkeypatch.setattr(runner, "tuning_point", lambda lr, run, unigram: lr_tuning.Point(
-        lr, run["val_loss"], run["variant"] != "post-rmsnorm"))
+    trained, collapsing = fake_runs
+    collapsing.add("post-rmsnorm")
     study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1",
                                            "--tune_lr", "1e-3", "2e-3", "4e-3"])
     plan = runner.train_study(study, base, Worker())
-    groups, tuning = plan.groups, plan.tuning
-    pre, post = tuning
+    pre, post = plan.tuning
     assert pre["chosen_lr"] == 2e-3 and pre["learning_rates"] == [1e-3, 2e-3, 4e-3] and not pre["at_edge"]
     assert post["chosen_lr"] is None and not post["at_edge"]
     assert post["learning_rates"] == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]  # two halvings below the grid, no more
     assert [lr for v, lr, s in trained if v == "post-rmsnorm"] == [1e-3, 2e-3, 4e-3, 5e-4, 2.5e-4]
     assert [(v, lr) for v, lr, s in trained if s == 1] == [("pre-rmsnorm", 2e-3)]
-    assert list(groups) == [("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0])]
+    assert list(plan.groups) == [("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0])]
     out = capsys.readouterr().out
     assert "post-rmsnorm L8: no lr of the grid trained without diverging or plateauing; adding 0.0005" in out
     assert "still at the edge" not in out

@@ -28,18 +28,13 @@ def test_the_lowest_usable_loss_wins_and_failed_runs_never_do():
     assert choose_lr([Point(4e-3, 4.2, True), Point(2e-3, 4.2, True), Point(8e-3, 4.3, True)]) == 2e-3
 
 
-def test_a_winner_at_an_edge_grows_the_grid_by_a_factor_of_two():
-    grid = [1e-3, 2e-3, 4e-3]
-    assert edge_extension(grid, 1e-3) == 5e-4
-    assert edge_extension(grid, 4e-3) == 8e-3
-    assert edge_extension(grid, 2e-3) is None
-    assert edge_extension([1e-3], 1e-3) is None  # a single point has no direction to grow in
-
-
-def test_a_grid_where_nothing_trains_grows_downwards():
-    assert edge_extension([1e-3, 2e-3, 4e-3], None) == 5e-4
-    assert edge_extension([5e-4, 1e-3, 2e-3, 4e-3], None) == 2.5e-4
-    assert edge_extension([1e-3], None) is None
+@pytest.mark.parametrize(("grid", "chosen", "added"), [
+    ([1e-3, 2e-3, 4e-3], 1e-3, 5e-4), ([1e-3, 2e-3, 4e-3], 4e-3, 8e-3), ([1e-3, 2e-3, 4e-3], 2e-3, None),
+    ([1e-3], 1e-3, None),  # a single point has no direction to grow in
+    ([1e-3, 2e-3, 4e-3], None, 5e-4), ([5e-4, 1e-3, 2e-3, 4e-3], None, 2.5e-4), ([1e-3], None, None),
+])
+def test_a_winner_at_an_edge_grows_the_grid_by_two_and_a_grid_where_nothing_trains_grows_down(grid, chosen, added):
+    assert edge_extension(grid, chosen) == added
 
 
 def test_usable_range_is_every_usable_point_within_the_margin_of_the_best():
@@ -64,8 +59,7 @@ def test_paired_difference_is_per_seed_on_the_seeds_both_finished():
 
 
 def summary(cpu=None, isa=None, device="NVIDIA H100 80GB HBM3") -> dict:
-    """A run's summary as the trainer writes it, cut to the environment (fields left out: a run recorded before
-    them)."""
+    """A run's summary cut to its environment, without the CPU fields not given (a run recorded before them)."""
     env = {"device": device, "cpu": cpu, "cpu_isa": isa}
     return {"val_loss": 4.0, "environment": {k: v for k, v in env.items() if v is not None}}
 

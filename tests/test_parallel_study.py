@@ -7,8 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -44,11 +44,8 @@ def test_two_ranks_share_the_runs_and_train_each_once(tmp_path, monkeypatch):
                 (done / run).write_text(name)
         train_in_parallel(pending, lambda run: tmp_path / f"{run}.lock", lambda run: done, train, timeout_min=1)
 
-    threads = [threading.Thread(target=worker, args=(name,)) for name in ("a", "b")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(worker, ("a", "b")))  # (list: a worker's exception fails the test)
     assert sorted(run for _, run in trained) == runs  # each once
     assert {name for name, _ in trained} == {"a", "b"}
 
@@ -111,17 +108,16 @@ def test_tuning_sends_every_grid_run_out_before_any_other_seed(monkeypatch):
 # Under torchrun, in fresh processes, against the same study trained in this process without it
 
 
-def torchrun(flags: list[str], env: dict, log: Path, ranks: int = 2) -> subprocess.Popen:
-    """The runner under torchrun, its output into log (a pipe nobody reads while the test polls would fill up and
-    stop the ranks)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+def torchrun(flags: list[str], env: dict, log: Path) -> subprocess.Popen:
+    """The runner under torchrun on 2 ranks, its output into log (a pipe nobody reads while the test polls would fill
+    up and stop the ranks)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(REPO / "scripts" / "run_ablation.py"), *flags]
     with open(log, "w") as out:
         return subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
 
 
 def finish(process: subprocess.Popen, log: Path) -> str:
-    """Wait for the torchrun started by torchrun(); its output."""
     process.wait(timeout=600)
     return log.read_text()
 
@@ -158,16 +154,12 @@ def summaries(study: Path) -> dict[str, dict]:
 
 
 def children(pid: int) -> list[int]:
-    """The processes whose parent is pid (from /proc)."""
-    found = []
+    """The processes whose parent is pid (the field after the name in /proc/*/stat)."""
+    parents = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    return [child for child, parent in parents.items() if parent == pid]
 
 
 @pytest.mark.slow  # torchrun twice, and the same study in this process
