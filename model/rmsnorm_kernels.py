@@ -80,11 +80,9 @@ class HandWrittenBackward(torch.autograd.Function):
 
 IMPLEMENTATIONS = {"eager": eager, "F.rms_norm": functional, "hand-written": HandWrittenBackward.apply}
 
-# device type -> the implementation with the fastest forward+backward in scripts/bench_norms.py, for float32,
-# bfloat16 and float16 input. CPU: the hand-written backward beat the eager formula and F.rms_norm in every dtype
-# on an AVX-512 EPYC (also limited to AVX2 kernels) and on an AMX Xeon; one 2-core AVX2 machine measured it 1.2x
-# slower than eager in bf16. CUDA: F.rms_norm's fused kernels, one pass each way; not yet measured on a GPU.
-# Any other device or dtype runs the eager formula.
+# device type -> the implementation with the fastest forward+backward in scripts/bench_norms.py for float32,
+# bfloat16 and float16 input (docs/performance.md, "Norm speed"; CUDA's not yet measured on a GPU). Any other
+# device or dtype runs the eager formula.
 CHOICE = {"cpu": "hand-written", "cuda": "F.rms_norm"}
 
 

@@ -135,16 +135,14 @@ def theory(results: list[dict], head_dim: int, mix_ln_fraction: float,
         checks.append(("deepnorm-rmsnorm", "the stream stays bounded: RMS 1 after every block, at every depth",
                        *rms_range(deep_norm)))
     if at_deep("pre-rmsnorm"):
-        spread = {v: by[v, deep]["gradient_spread"] for v in ("pre-rmsnorm", "peri-rmsnorm", "mix-rmsnorm",
-                                                              "deepnorm-rmsnorm", "pre+depth-rmsnorm") if at_deep(v)}
-        grads = by["pre-rmsnorm", deep]["layer_grad_norm"]
+        grads, pre_spread = by["pre-rmsnorm", deep]["layer_grad_norm"], by["pre-rmsnorm", deep]["gradient_spread"]
         checks.append(("pre-rmsnorm", "deeper blocks get smaller gradients (the curse of depth)",
                        f"last / first block gradient {grads[-1] / grads[0]:.3g} at L={deep}", grads[-1] < grads[0]))
-        for variant, value in spread.items():
-            if variant != "pre-rmsnorm":
+        for variant in ("peri-rmsnorm", "mix-rmsnorm", "deepnorm-rmsnorm", "pre+depth-rmsnorm"):
+            if at_deep(variant):
+                spread = by[variant, deep]["gradient_spread"]
                 checks.append((variant, "block gradients more even than pre's (smaller max / min over blocks)",
-                               f"max / min {value:.3g} vs pre's {spread['pre-rmsnorm']:.3g} at L={deep}",
-                               value < spread["pre-rmsnorm"]))
+                               f"max / min {spread:.3g} vs pre's {pre_spread:.3g} at L={deep}", spread < pre_spread))
     if at_deep("mix-rmsnorm"):
         n_post = math.floor(mix_ln_fraction * deep)
         after_post = by["mix-rmsnorm", deep]["residual_rms"][1:n_post + 1]
@@ -159,11 +157,6 @@ def theory(results: list[dict], head_dim: int, mix_ln_fraction: float,
         if after := [v for r in every_depth(variant) for v in r["residual_rms"][first:]]:
             checks.append((variant, f"Post-Norm around attention: blocks from {first} on receive RMS about 1, at "
                            "every depth", *rms_range(after)))
-    if at_deep("pre+one_plus_w-rmsnorm", "pre-rmsnorm"):
-        same = all(by["pre+one_plus_w-rmsnorm", d][key] == by["pre-rmsnorm", d][key] for d in depths
-                   for key in ("loss", "residual_rms", "layer_grad_norm"))
-        checks.append(("pre+one_plus_w-rmsnorm", "w = 0 applied as 1 + w is pre's function at init, bit for bit",
-                       "loss, stream RMS and block gradients " + ("identical" if same else "differ"), same))
     if at_deep("pre+sub-rmsnorm", "pre-rmsnorm"):
         sub, pre = by["pre+sub-rmsnorm", deep]["residual_rms"][-1], by["pre-rmsnorm", deep]["residual_rms"][-1]
         checks.append(("pre+sub-rmsnorm", "sub-norms feed o_proj and down_proj unit-RMS inputs, so each sublayer "
@@ -177,11 +170,14 @@ def theory(results: list[dict], head_dim: int, mix_ln_fraction: float,
         first = by["pre+embed_norm-rmsnorm", deep]["residual_rms"][0]
         checks.append(("pre+embed_norm-rmsnorm", "a unit-gain norm after the lookup: block 0 receives RMS 1 "
                        "(less eps's share at RMS 0.02)", f"RMS {first:.3f}", abs(first - 1) < 0.05))
-    if both := [d for d in depths if ("pre-seednorm", d) in by and ("pre-rmsnorm", d) in by]:
-        same = all(by["pre-seednorm", d][key] == by["pre-rmsnorm", d][key] for d in both
-                   for key in ("loss", "residual_rms"))
-        checks.append(("pre-seednorm", "with beta = 0, tanh(x . beta) = 0 and SeeDNorm is RMSNorm: pre's function "
-                       "at init, bit for bit", "loss and stream RMS " + ("identical" if same else "differ"), same))
+    for variant, claim, keys, what in (
+            ("pre+one_plus_w-rmsnorm", "w = 0 applied as 1 + w is pre's function at init, bit for bit",
+             ("loss", "residual_rms", "layer_grad_norm"), "loss, stream RMS and block gradients"),
+            ("pre-seednorm", "with beta = 0, tanh(x . beta) = 0 and SeeDNorm is RMSNorm: pre's function at init, "
+             "bit for bit", ("loss", "residual_rms"), "loss and stream RMS")):
+        if both := [d for d in depths if (variant, d) in by and ("pre-rmsnorm", d) in by]:
+            same = all(by[variant, d][key] == by["pre-rmsnorm", d][key] for d in both for key in keys)
+            checks.append((variant, claim, f"{what} {'identical' if same else 'differ'}", same))
     if rezero := every_depth("rezero"):  # x + a * F(x) with a = 0: each block hands on exactly what it received
         cosine = min(min(r["block_cosine"]) for r in rezero)
         spread = max(max(r["residual_rms"]) / min(r["residual_rms"]) for r in rezero)

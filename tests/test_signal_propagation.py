@@ -17,17 +17,20 @@ TINY = ["--hidden_size", "32", "--num_attention_heads", "2", "--num_key_value_he
 
 
 def test_tiny_run_matches_a_direct_computation(tmp_path, tiny_corpus, tiny_tokenizer_dir, monkeypatch, capsys):
+    """Every variant by its catalogue name measures; SeeDNorm computes pre-rmsnorm's function at init and
+    ReZero's blocks hand on their input unchanged; pre-rmsnorm's numbers are those of a direct computation."""
     monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
-    signal_propagation.main([*TINY, "--variants", "pre-rmsnorm", "post-rmsnorm", "--depths", "3", "2",
-                             "--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir,
-                             "--out_dir", str(tmp_path / "out")])
+    variants = ["pre-rmsnorm", "post-rmsnorm", "pre-seednorm", "pre-derf", "rezero", "nanochat"]
+    signal_propagation.main([*TINY, "--variants", *variants, "--depths", "3", "2", "--data_path", tiny_corpus,
+                             "--tokenizer_path", tiny_tokenizer_dir, "--out_dir", str(tmp_path / "out")])
     printed = capsys.readouterr().out
     data = json.loads((tmp_path / "out" / "signal_propagation.json").read_text())
     assert (tmp_path / "out" / "signal_propagation.png").stat().st_size > 0
     assert data["environment"]["torch"] == torch.__version__
-    assert [(r["variant"], r["depth"]) for r in data["results"]] == [
-        ("pre-rmsnorm", 2), ("pre-rmsnorm", 3), ("post-rmsnorm", 2), ("post-rmsnorm", 3)]
-    assert sum(line.startswith(("pre-rmsnorm ", "post-rmsnorm ")) for line in printed.splitlines()) == 4
+    assert [(r["variant"], r["depth"]) for r in data["results"]] == [(v, d) for v in variants for d in (2, 3)]
+    assert sum(line.startswith(tuple(f"{v} " for v in variants)) for line in printed.splitlines()) == 12
+    checks = {t["variant"]: t["agrees"] for t in data["theory"] if t["variant"] in ("pre-seednorm", "rezero")}
+    assert checks == {"pre-seednorm": True, "rezero": True}
     measured = data["results"][1]
 
     # The same measurement by hand: the first 2 windows of 16 held-out tokens, a pre-norm model of 3 blocks
@@ -111,18 +114,3 @@ def test_bad_flags_are_one_line_errors():
     with pytest.raises(UserError, match="--seq_len must be a positive integer"):
         signal_propagation.parse_args(["--seq_len", "0"])
 
-
-def test_the_newer_norms_measure_and_their_checks_agree(tmp_path, tiny_corpus, tiny_tokenizer_dir, monkeypatch,
-                                                        capsys):
-    """Derf, SeeDNorm, ReZero and the nanochat recipe by their catalogue names, at init: SeeDNorm computes
-    pre-rmsnorm's function, ReZero's blocks hand on their input unchanged."""
-    monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
-    signal_propagation.main([*TINY, "--variants", "pre-rmsnorm", "pre-seednorm", "pre-derf", "rezero", "nanochat",
-                             "--depths", "2", "--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir,
-                             "--out_dir", str(tmp_path / "out")])
-    data = json.loads((tmp_path / "out" / "signal_propagation.json").read_text())
-    assert [r["variant"] for r in data["results"]] == ["pre-rmsnorm", "pre-seednorm", "pre-derf", "rezero",
-                                                       "nanochat"]
-    checks = {t["variant"]: t["agrees"] for t in data["theory"] if t["variant"] in ("pre-seednorm", "rezero")}
-    assert checks == {"pre-seednorm": True, "rezero": True}
-    assert "rezero " in capsys.readouterr().out
