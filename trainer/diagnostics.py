@@ -94,28 +94,24 @@ def layer_stats(model: nn.Module, input_ids: torch.Tensor, precision=None) -> di
     layers = model.model.layers
     keys = ["residual_rms", "block_cosine", "max_attn_logit", "massive_activation", "excess_kurtosis",
             "attn_first_token"] + (["attn_sink_share"] if model.config.attn_sinks else [])
-    found: dict[str, list] = {key: [None] * len(layers) for key in keys}
+    found: dict[str, list] = {key: [] for key in keys}  # the blocks run in order, so each appends its own
 
-    def watch_block(i):
-        def hook(block, args, output):
-            found["residual_rms"][i] = rms(args[0])
-            found["massive_activation"][i] = massive_activation_ratio(args[0])
-            found["excess_kurtosis"][i] = excess_kurtosis(args[0])
-            found["block_cosine"][i] = block_cosine(args[0], output)
-        return hook
+    def watch_block(block, args, output):
+        found["residual_rms"].append(rms(args[0]))
+        found["massive_activation"].append(massive_activation_ratio(args[0]))
+        found["excess_kurtosis"].append(excess_kurtosis(args[0]))
+        found["block_cosine"].append(block_cosine(args[0], output))
 
-    def watch_attention(i):
-        def hook(attention, args):  # blocks call self_attn(h, rope, mask, past_key_values)
-            q, k, _ = attention.project_qk(args[0], args[1])
-            found["max_attn_logit"][i] = max_attention_logit(q, k)
-            mass = attention_sink_mass(q, k, attention.sinks)
-            found["attn_first_token"][i] = mass[0]
-            if attention.sinks is not None:
-                found["attn_sink_share"][i] = mass[1]
-        return hook
+    def watch_attention(attention, args):  # blocks call self_attn(h, rope, mask, past_key_values)
+        q, k, _ = attention.project_qk(args[0], args[1])
+        found["max_attn_logit"].append(max_attention_logit(q, k))
+        first_token, sinks = attention_sink_mass(q, k, attention.sinks)
+        found["attn_first_token"].append(first_token)
+        if attention.sinks is not None:
+            found["attn_sink_share"].append(sinks)
 
-    handles = [h for i, layer in enumerate(layers) for h in (
-        layer.register_forward_hook(watch_block(i)), layer.self_attn.register_forward_pre_hook(watch_attention(i)))]
+    handles = [h for layer in layers for h in (
+        layer.register_forward_hook(watch_block), layer.self_attn.register_forward_pre_hook(watch_attention))]
     was_training = model.training
     model.eval()
     try:

@@ -41,7 +41,7 @@ LINK = "checkpoint"
 STEP_FOLDER = re.compile(r"step-(\d+)")
 STATE_FILE = "training_state.pt"
 MANIFEST = "manifest.json"
-# What every checkpoint's training state holds; the fields added since are in state_with_defaults.
+# What every checkpoint's training state holds; state_with_defaults fills in the fields added since.
 STATE_KEYS = ("step", "optimizer", "scaler", "sampler", "train_time", "wandb_run_id", "args", "rng")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 READ_ATTEMPTS = 10  # scans of a run directory whose checkpoint a running trainer replaces while it is read
@@ -57,8 +57,8 @@ def step_folders(out_dir: Path) -> list[tuple[int, Path]]:
 
 
 def find_checkpoints(out_dir: Path) -> list[Path]:
-    """The checkpoints to try, best first: the link's target, then every step folder, newest first. A copied run
-    directory may hold `checkpoint` as a real folder (a copy that followed the link); it comes first then."""
+    """The checkpoints to try, best first: the link's target (in a copied run perhaps a real folder), then every
+    step folder, newest first."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
@@ -151,8 +151,8 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(out_dir: Path, model: MiniMindForCausalLM, tokenizer, training_state: dict, keep: int) -> Path:
-    """Write this step's checkpoint, point the link at it and keep the newest `keep` step folders. A failed
-    write (a full disk, lost permissions) is a UserError; the previous checkpoint is untouched then."""
+    """Write this step's checkpoint, point the link at it and keep the newest `keep` step folders. A failed write
+    is a UserError that leaves the previous checkpoint untouched."""
     out_dir = Path(out_dir)
     step = training_state["step"]
     final = out_dir / f"step-{step:06d}"
