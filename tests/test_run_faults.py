@@ -36,18 +36,20 @@ def refusal(argv) -> str:
     return str(err.value)
 
 
-# --- divergence without a NaN ---------------------------------------------------------------------------
-
-
-def test_a_loss_that_blows_up_with_finite_numbers_is_a_divergence(flags, tmp_path):
-    """--learning_rate 50 without clipping: the loss climbs to thousands of nats, every number finite."""
+def test_a_loss_that_blows_up_with_finite_numbers_is_a_divergence_and_overwrite_starts_over(flags, tmp_path):
+    """--learning_rate 50 without clipping: the loss climbs to thousands of nats, every number finite. It
+    diverged before the first checkpoint, so the line says to start over with --overwrite, which works."""
     argv = flags("--learning_rate", 50, "--grad_clip", 0, "--max_steps", 40, "--save_interval", 40)
-    summary = tp.train(parse_args(argv))
+    message = refusal(argv)
+    assert "blew up" in message and "before the run saved any checkpoint" in message and "--overwrite" in message
+    assert "is kept" not in message and "--resume" not in message
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())  # what the ablation runner reads
     assert summary["diverged"] and "blew up" in summary["divergence"]
-    assert summary["step"] < 40 and not find_checkpoints(summary["out_dir"])  # nothing blown up was saved
-    losses = [r["loss"] for r in read_metrics(f"{summary['out_dir']}/metrics.jsonl")]
+    assert summary["step"] < 40 and not find_checkpoints(tmp_path / "run")  # nothing blown up was saved
+    losses = [r["loss"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")]
     assert all(math.isfinite(x) for x in losses) and max(losses) > 2 * math.log(400)
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["diverged"]  # what the ablation runner reads
+    summary = tp.train(parse_args([*argv, "--overwrite", "--learning_rate", "1e-3", "--max_steps", "4"]))
+    assert not summary["diverged"] and summary["step"] == 4
 
 
 def test_divergence_fires_on_neither_a_healthy_run_nor_its_first_steps(trained_run):
@@ -101,9 +103,6 @@ def test_a_validation_loss_back_at_ln_v_after_learning_stops_the_run_unsaved(fla
     assert [p.name for p in find_checkpoints(tmp_path / "run")] == ["step-000020"]
 
 
-# --- flags that are not finite --------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 @pytest.mark.parametrize("flag", float_flags(build_parser()))
 def test_every_float_flag_must_be_finite(flag, value, tmp_path):
@@ -111,18 +110,21 @@ def test_every_float_flag_must_be_finite(flag, value, tmp_path):
         parse_args(["--out_dir", str(tmp_path / "run"), f"--{flag}={value}"])
 
 
-@pytest.mark.parametrize("flag", ["learning_rate", "dist_timeout"])
-def test_positive_float_flags(flag, tmp_path):
-    with pytest.raises(UserError, match=f"^--{flag} must be > 0, got 0.0"):
-        parse_args(["--out_dir", str(tmp_path / "run"), f"--{flag}", "0"])
-
-
-def test_a_min_lr_above_the_peak_is_refused(flags, tmp_path):
-    """The cosine schedule would climb from --learning_rate to --min_lr instead of decaying."""
-    message = refusal(flags("--learning_rate", "1e-3", "--min_lr", "0.5", "--max_steps", 1))
-    assert message == ("--min_lr 0.5 is above --learning_rate 0.001, so the decay would raise the rate; set "
-                       "--min_lr at most --learning_rate")
+@pytest.mark.parametrize("more, message", [
+    (["--learning_rate", 0], "--learning_rate must be > 0, got 0.0"),
+    (["--dist_timeout", 0], "--dist_timeout must be > 0, got 0.0"),
+    (["--seed", -1], "--seed must be in [0, 2**32 - 1], got -1"),
+    (["--seed", 2**32], f"--seed must be in [0, 2**32 - 1], got {2**32}"),
+    # the cosine schedule would climb from --learning_rate to --min_lr instead of decaying
+    (["--learning_rate", "1e-3", "--min_lr", "0.5"], "--min_lr 0.5 is above --learning_rate 0.001, so the decay "
+     "would raise the rate; set --min_lr at most --learning_rate"),
+])
+def test_a_bad_value_is_one_line_before_anything_is_written(more, message, flags, tmp_path):
+    assert refusal(flags(*more)) == message
     assert not (tmp_path / "run").exists()
+
+
+def test_min_lr_defaults_to_2e_4_or_the_peak_when_that_is_lower(flags):
     assert parse_args(flags("--learning_rate", "1e-3", "--min_lr", "1e-3")).min_lr == 1e-3  # a constant rate
     # left unset, it is 2e-4, or the peak when that is lower: a low --learning_rate alone still trains
     assert parse_args(flags("--learning_rate", "1e-3")).min_lr == 2e-4
@@ -133,15 +135,6 @@ def test_muon_without_torch_optim_muon_is_refused(flags, monkeypatch):
     monkeypatch.delattr(torch.optim, "Muon")
     assert refusal(flags("--optimizer", "muon")).startswith("--optimizer muon needs torch.optim.Muon (torch 2.9 or "
                                                            "newer)")
-
-
-@pytest.mark.parametrize("seed", [-1, 2**32])
-def test_a_seed_outside_32_bits_is_refused(seed, flags, tmp_path):
-    assert refusal(flags("--seed", seed)) == f"--seed must be in [0, 2**32 - 1], got {seed}"
-    assert not (tmp_path / "run").exists()
-
-
-# --- an update that leaves non-finite weights -----------------------------------------------------------
 
 
 def test_an_update_that_made_weights_non_finite_is_never_saved(flags, monkeypatch, tmp_path):
@@ -169,21 +162,6 @@ def test_an_update_that_made_weights_non_finite_is_never_saved(flags, monkeypatc
     assert not tp.train(parse_args([*argv, "--resume", "--learning_rate", "1e-3"]))["diverged"]
 
 
-# --- what the line says to run --------------------------------------------------------------------------
-
-
-def test_a_divergence_before_the_first_checkpoint_says_so_and_overwrite_starts_over(flags):
-    argv = flags("--learning_rate", 50, "--grad_clip", 0, "--max_steps", 40, "--save_interval", 40)
-    message = refusal(argv)
-    assert "before the run saved any checkpoint" in message and "--overwrite" in message
-    assert "is kept" not in message and "--resume" not in message
-    summary = tp.train(parse_args([*argv, "--overwrite", "--learning_rate", "1e-3", "--max_steps", "4"]))
-    assert not summary["diverged"] and summary["step"] == 4
-
-
-# --- an interrupted window ------------------------------------------------------------------------------
-
-
 def test_the_first_record_after_a_stop_mid_window_is_that_of_the_uninterrupted_run(flags, monkeypatch, tmp_path):
     """SIGTERM at step 6 of a window of 4 (steps 5-8): the checkpoint carries the window's loss so far, and the
     resumed run's record at step 8 averages the same four losses, to the bit."""
@@ -204,9 +182,6 @@ def test_the_first_record_after_a_stop_mid_window_is_that_of_the_uninterrupted_r
     def records(name):
         return [(r["step"], r["split"], r["loss"]) for r in read_metrics(tmp_path / name / "metrics.jsonl")]
     assert records("run") == records("reference") and len(records("run")) == 3
-
-
-# --- a run directory in a state the trainer did not leave -----------------------------------------------
 
 
 @pytest.mark.parametrize("name", [".lock", "metrics.jsonl", "summary.json"])
