@@ -13,22 +13,16 @@ from transformers import AutoModelForCausalLM
 import eval_llm
 import trainer.run_dir
 from common.cli import UserError, run_cli
-from model import MiniMindConfig, MiniMindForCausalLM
+from model import MiniMindForCausalLM
 from scripts import convert_to_gguf, convert_to_hf
+from tests.tiny import tiny_model
 from trainer.run_dir import LINK, MANIFEST, READ_ATTEMPTS, read_model_dir, save_checkpoint
 
 
-def tiny_model(seed: int, vocab_size: int) -> MiniMindForCausalLM:
-    torch.manual_seed(seed)
-    return MiniMindForCausalLM(MiniMindConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
-                                              num_attention_heads=2, num_key_value_heads=1))
-
-
-def save_step(out: Path, step: int, tokenizer, keep: int = 2) -> MiniMindForCausalLM:
+def save_step(out: Path, step: int, tokenizer, keep: int = 2) -> None:
     """A checkpoint as the trainer writes it (weights seeded by the step, so each step's differ)."""
-    model = tiny_model(step, len(tokenizer))
-    save_checkpoint(out, model, tokenizer, {"step": step}, keep=keep)
-    return model
+    save_checkpoint(out, tiny_model(step, perturb=False, vocab_size=len(tokenizer)), tokenizer, {"step": step},
+                    keep=keep)
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +40,10 @@ def run(base_run, tmp_path) -> Path:
     return Path(shutil.copytree(base_run, tmp_path / "run", symlinks=True))
 
 
-def weights(step: int, vocab_size: int) -> dict[str, torch.Tensor]:
-    return tiny_model(step, vocab_size).state_dict()
-
-
-def same_weights(model, step: int) -> bool:
-    expected = weights(step, model.config.vocab_size)
-    return all(torch.equal(t, expected[k]) for k, t in model.state_dict().items())
+def has_weights_of(state: dict[str, torch.Tensor], step: int) -> bool:
+    """Whether a state dict holds (a subset of) step's tensors unchanged."""
+    expected = tiny_model(step, perturb=False, vocab_size=state["model.embed_tokens.weight"].shape[0]).state_dict()
+    return state.keys() <= expected.keys() and all(torch.equal(t, expected[k]) for k, t in state.items())
 
 
 def flip_a_byte(file: Path) -> None:
@@ -66,12 +57,27 @@ def warnings_in(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("warning:")]
 
 
-def test_a_corrupt_checkpoint_in_a_run_falls_back_in_one_line(run, capsys):
-    flip_a_byte(run / "step-000004" / "model.safetensors")
+def break_the_link(run: Path) -> None:
+    (run / LINK).unlink()
+    (run / LINK).symlink_to("step-000009")
+
+
+@pytest.mark.parametrize("damage, step, warning", [
+    (lambda run: flip_a_byte(run / "step-000004" / "model.safetensors"), 2,
+     "step-000004 is damaged (model.safetensors is corrupt"),
+    (break_the_link, 4, f"{LINK} -> step-000009 does not exist"),
+    (lambda run: (run / "step-000004" / MANIFEST).unlink(), 4, None),  # an older checkpoint: loads, with a note
+], ids=["corrupt", "broken link", "no manifest"])
+def test_a_run_directory_falls_back_to_its_newest_intact_checkpoint(damage, step, warning, run, capsys):
+    damage(run)
     lm, _ = eval_llm.load(run)
-    assert same_weights(lm, 2)
-    (line,) = warnings_in(capsys.readouterr().err)
-    assert "step-000004 is damaged (model.safetensors is corrupt" in line and "using step-000002" in line
+    assert has_weights_of(lm.state_dict(), step)
+    err = capsys.readouterr().err
+    if warning is None:
+        assert not warnings_in(err) and f"has no {MANIFEST}" in err
+    else:
+        (line,) = warnings_in(err)
+        assert warning in line and f"using step-{step:06d}" in line
 
 
 def test_a_corrupt_checkpoint_named_directly_is_one_error_line(run, capsys):
@@ -96,18 +102,7 @@ def test_converters_refuse_a_corrupt_checkpoint_and_export_the_intact_one(conver
     converter.convert(run, dst)  # the run directory: its newest intact checkpoint, with a warning
     assert "using step-000002" in warnings_in(capsys.readouterr().err)[0]
     if converter is convert_to_hf:  # the same module names: the export holds step 2's tensors unchanged
-        exported = AutoModelForCausalLM.from_pretrained(dst).state_dict()
-        expected = weights(2, exported["model.embed_tokens.weight"].shape[0])
-        assert exported.keys() <= expected.keys() and all(torch.equal(t, expected[k]) for k, t in exported.items())
-
-
-def test_a_broken_link_falls_back_to_the_newest_step_folder(run, capsys):
-    (run / LINK).unlink()
-    (run / LINK).symlink_to("step-000009")
-    lm, _ = eval_llm.load(run)
-    assert same_weights(lm, 4)
-    (line,) = warnings_in(capsys.readouterr().err)
-    assert f"{LINK} -> step-000009 does not exist" in line and "using step-000004" in line
+        assert has_weights_of(AutoModelForCausalLM.from_pretrained(dst).state_dict(), 2)
 
 
 def test_a_run_with_no_intact_checkpoint_is_one_error_line(run):
@@ -121,14 +116,6 @@ def test_a_run_with_no_intact_checkpoint_is_one_error_line(run):
         eval_llm.load(run)
 
 
-def test_a_checkpoint_without_a_manifest_still_loads(run, capsys):
-    (run / "step-000004" / MANIFEST).unlink()
-    lm, _ = eval_llm.load(run)
-    assert same_weights(lm, 4)
-    err = capsys.readouterr().err
-    assert not warnings_in(err) and f"has no {MANIFEST}" in err
-
-
 @pytest.mark.parametrize("deleted", ["wholly", "partly"])
 def test_a_checkpoint_replaced_while_read_is_read_again(deleted, run, tiny_tokenizer, monkeypatch, capsys):
     """What a trainer saving every step with --keep_checkpoints 1 does to a reader: it saves a new step, flips
@@ -139,14 +126,15 @@ def test_a_checkpoint_replaced_while_read_is_read_again(deleted, run, tiny_token
 
     def save_while_loading(model_dir, **kwargs):
         if not saves:  # once
-            saves.append(save_step(run, 6, tiny_tokenizer, keep=1 if deleted == "wholly" else 3))
+            saves.append(6)
+            save_step(run, 6, tiny_tokenizer, keep=1 if deleted == "wholly" else 3)
             if deleted == "partly":  # rmtree has removed the weights, not yet the folder
                 (model_dir / "model.safetensors").unlink()
         return real(model_dir, **kwargs)
 
     monkeypatch.setattr(eval_llm.AutoModelForCausalLM, "from_pretrained", save_while_loading)
     lm, _ = eval_llm.load(run)
-    assert same_weights(lm, 6) and (run / "step-000004").is_dir() == (deleted == "partly")
+    assert has_weights_of(lm.state_dict(), 6) and (run / "step-000004").is_dir() == (deleted == "partly")
     err = capsys.readouterr().err
     assert "step-000004 was replaced by a newer checkpoint" in err and not warnings_in(err)
 

@@ -59,35 +59,35 @@ def test_embedded_corpus_splits_by_play():
     assert [r["text"] for r in load_texts("", "validation", streaming=True)] == list(validation["text"])
 
 
-def test_jsonl_holds_out_every_hundredth_document_and_at_least_one(tmp_path):
-    records = [{"content": f"doc {i}", "id": i} for i in range(150)] + [{"content": ""}]
-    path = write_jsonl(tmp_path / "docs.jsonl", records)
-    train = list(load_texts(path, "train", text_field="content")["text"])
-    validation = list(load_texts(path, "validation", text_field="content")["text"])
-    assert validation == ["doc 0", "doc 100"]
-    assert train == [f"doc {i}" for i in range(150) if i % 100]
-    streamed = [r["text"] for r in load_texts(path, "train", text_field="content", streaming=True)]
-    assert streamed == train
-    two = write_jsonl(tmp_path / "two.jsonl", [{"text": "first"}, {"text": "second"}])  # the fewest that split
-    assert list(load_texts(two, "validation")["text"]) == ["first"]
-    assert list(load_texts(two, "train")["text"]) == ["second"]
+def write_source(tmp_path: Path, name: str) -> str:
+    """One local source of each kind the loader reads, named by its file name."""
+    if name == "docs.jsonl":  # an empty document is dropped before counting
+        write_jsonl(tmp_path / name, [{"content": f"doc {i}", "id": i} for i in range(150)] + [{"content": ""}])
+    elif name == "two.jsonl":  # the fewest documents that split
+        write_jsonl(tmp_path / name, [{"text": "first"}, {"text": "second"}])
+    elif name == "notes.txt":  # documents are paragraphs
+        (tmp_path / name).write_text("first para\nstill first\n\nsecond\n\n\n\nthird\n")
+    elif name == "t.parquet":
+        pq.write_table(pa.table({"body": ["a", "b", "c"], "n": [1, 2, 3]}), tmp_path / name)
+    else:  # a folder: its files in sorted order, documents counted across them
+        (tmp_path / name).mkdir()
+        write_jsonl(tmp_path / name / "b.jsonl", [{"text": "b0"}, {"text": "b1"}])
+        write_jsonl(tmp_path / name / "a.jsonl", [{"text": "a0"}, {"text": "a1"}])
+    return str(tmp_path / name)
 
 
-def test_txt_documents_are_paragraphs(tmp_path):
-    path = tmp_path / "notes.txt"
-    path.write_text("first para\nstill first\n\nsecond\n\n\n\nthird\n")
-    assert list(load_texts(str(path), "validation")["text"]) == ["first para\nstill first"]
-    assert list(load_texts(str(path), "train")["text"]) == ["second", "third\n"]
-
-
-def test_parquet_and_folder(tmp_path):
-    pq.write_table(pa.table({"body": ["a", "b", "c"], "n": [1, 2, 3]}), tmp_path / "t.parquet")
-    assert list(load_texts(str(tmp_path / "t.parquet"), "train", text_field="body")["text"]) == ["b", "c"]
-    folder = tmp_path / "shards"
-    folder.mkdir()
-    write_jsonl(folder / "b.jsonl", [{"text": "b0"}, {"text": "b1"}])
-    write_jsonl(folder / "a.jsonl", [{"text": "a0"}, {"text": "a1"}])
-    assert list(load_texts(str(folder), "train")["text"]) == ["a1", "b0", "b1"]  # sorted files, global index
+@pytest.mark.parametrize("name, text_field, validation, train", [
+    ("docs.jsonl", "content", ["doc 0", "doc 100"], [f"doc {i}" for i in range(150) if i % 100]),
+    ("two.jsonl", "text", ["first"], ["second"]),
+    ("notes.txt", "text", ["first para\nstill first"], ["second", "third\n"]),
+    ("t.parquet", "body", ["a"], ["b", "c"]),
+    ("shards", "text", ["a0"], ["a1", "b0", "b1"]),
+])
+def test_local_sources_hold_out_every_hundredth_document(tmp_path, name, text_field, validation, train):
+    path = write_source(tmp_path, name)
+    assert list(load_texts(path, "validation", text_field=text_field)["text"]) == validation
+    assert list(load_texts(path, "train", text_field=text_field)["text"]) == train
+    assert [r["text"] for r in load_texts(path, "train", text_field=text_field, streaming=True)] == train
 
 
 def test_hub_dataset_uses_its_validation_split(monkeypatch):
@@ -128,11 +128,6 @@ def test_shipped_tokenizer():
     assert load_tokenizer().backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
 
 
-# Classes that transformers 4.4x-4.5x and 5.x all load from a tokenizer_config.json (llama.cpp's converter pins
-# 4.x; 5.x's own name, TokenizersBackend, does not exist there).
-PORTABLE_TOKENIZER_CLASSES = {"PreTrainedTokenizerFast"}
-
-
 @pytest.mark.parametrize("writer", ["shipped", "save_tokenizer", "extra_special_tokens", "checkpoint", "hf_export"])
 def test_saved_tokenizer_config_names_a_portable_class(tmp_path, tiny_tokenizer_dir, tiny_tokenizer, tiny_texts,
                                                        writer):
@@ -154,7 +149,7 @@ def test_saved_tokenizer_config_names_a_portable_class(tmp_path, tiny_tokenizer_
         save_checkpoint(tmp_path / "run", MiniMindForCausalLM(tiny), tiny_tokenizer, {"step": 1}, keep=1)
         convert(tmp_path / "run", directory := tmp_path / "hf")
     class_name = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))["tokenizer_class"]
-    assert class_name in PORTABLE_TOKENIZER_CLASSES
+    assert class_name == "PreTrainedTokenizerFast"  # what transformers 4.x (llama.cpp's converter) and 5.x both load
     tokenizer = getattr(transformers, class_name).from_pretrained(str(directory))
     # Identical ids: the named class adds nothing to what tokenizer.json alone encodes, and decodes them back.
     raw = Tokenizer.from_file(str(directory / "tokenizer.json"))
@@ -223,17 +218,12 @@ def test_half_written_cache_is_ignored(tmp_path, tiny_corpus, tiny_tokenizer):
 # --- batches --------------------------------------------------------------------------------------
 
 
-def test_batches_are_shifted_windows():
-    tokens = np.arange(1000, dtype=np.uint16)
-    x, y = next(BatchSampler(tokens, batch_size=4, seq_len=16, seed=1))
-    assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.long
-    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
-
-
-def test_ranks_draw_different_windows_reproducibly():
+def test_random_batches_are_shifted_windows_different_per_rank_and_reproducible():
     tokens = np.arange(10_000, dtype=np.uint16)
     rank0, rank1 = (BatchSampler(tokens, 8, 32, seed=7, rank=r, world_size=2) for r in (0, 1))
-    x0, x1 = next(rank0)[0], next(rank1)[0]
+    (x0, y0), x1 = next(rank0), next(rank1)[0]
+    assert x0.shape == y0.shape == (8, 32) and x0.dtype == y0.dtype == torch.long
+    assert torch.equal(y0[:, :-1], x0[:, 1:]) and torch.equal(y0[:, -1], x0[:, -1] + 1)
     assert not set(x0[:, 0].tolist()) & set(x1[:, 0].tolist())
     assert torch.equal(next(BatchSampler(tokens, 8, 32, seed=7, rank=0, world_size=2))[0], x0)
 
@@ -276,30 +266,24 @@ def test_bad_sources(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "blank.txt").write_text("\n\n  \n")
     (tmp_path / "latin1.txt").write_bytes("fine\n\ncaf\u00e9\n".encode("latin-1"))
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": "fine"}\n{"text": oops}\n{"text": "fine"}\n')
     cases = {
         str(tmp_path / "missing.jsonl"): "no such file",
         str(tmp_path / "empty.jsonl"): "is empty",
         str(tmp_path / "blank.txt"): "is empty",
         str(tmp_path / "latin1.txt"): "cannot read it .*utf-8",
+        str(tmp_path / "bad.jsonl"): rf"^{tmp_path / 'bad.jsonl'}:3: malformed JSON",
         write_jsonl(tmp_path / "blanks.jsonl", [{"text": ""}, {"text": None}]): "has no text",
         write_jsonl(tmp_path / "one.jsonl", [{"text": "alone"}]): "single document",
         write_jsonl(tmp_path / "fields.jsonl", [{"body": "x", "id": 1}]): "no field 'text'; its fields are body, id",
     }
     for path, message in cases.items():
-        for streaming in (False, True):
+        for streaming in (False, True):  # a streamed source reads (and fails) only as it is iterated
             with pytest.raises(UserError, match=message):
-                load_texts(path, "train", streaming=streaming)
-
-
-def test_malformed_jsonl_names_file_and_line(tmp_path):
-    path = tmp_path / "bad.jsonl"
-    path.write_text('{"text": "fine"}\n{"text": "fine"}\n{"text": oops}\n{"text": "fine"}\n')
-    for streaming in (False, True):
-        with pytest.raises(UserError, match=rf"{path}:3: malformed JSON"):
-            list(load_texts(str(path), "train", streaming=streaming))
+                list(load_texts(path, "train", streaming=streaming))
     array = tmp_path / "bad.json"
     array.write_text('[{"text": "a"},\n {"text": b}]\n')
-    with pytest.raises(UserError, match=rf"{array}:2: malformed JSON"):
+    with pytest.raises(UserError, match=rf"^{array}:2: malformed JSON"):
         load_texts(str(array), "train")
 
 
