@@ -1,22 +1,9 @@
-"""Which MiniMind checkpoints a plain transformers model can represent exactly, and that model's config.
+"""Which MiniMind checkpoints a plain transformers model computes exactly, and that model's config.
 
-An allowlist, not a best effort: three families compute exactly what a MiniMind model computes, with the same
-module names, so the state dict carries over unchanged (parameter-free RMSNorm becomes RMSNorm with gains 1):
-
-    pre     + RMSNorm + no QK-norm        -> LlamaForCausalLM
-    pre     + RMSNorm + qk_norm="head"    -> Qwen3ForCausalLM   (per-head q_norm / k_norm before RoPE)
-    reorder + RMSNorm + qk_norm="proj"    -> Olmo2ForCausalLM   (norms on the sublayer outputs, whole-projection
-                                                                  q_norm / k_norm)
-    peri    + RMSNorm + norm_gain="one_plus_w" + embed_norm="scale"
-                                          -> Gemma2ForCausalLM  (sandwich norms, (1 + w) gains in float32, embeddings
-                                                                  times sqrt(hidden_size) in their dtype)
-    the same          + qk_norm="head"    -> Gemma3ForCausalLM  (text; per-head (1 + w) q_norm / k_norm before RoPE)
-The Gemma configs are set to compute this model: SiLU-gated MLP (Gemma's default is tanh-approximated GELU),
-attention scale 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim), full attention in every layer (no sliding
-window), no soft-capping of attention logits, final logits soft-capped as logit_softcap says (Gemma's
-final_logit_softcapping computes the same C * tanh(z / C)), and one RoPE theta for every layer.
-Everything else is refused with the reason, including settings that change the function without adding any
-weights (LayerNorm Scaling, DeepNorm's alpha and beta, Mix-LN's Post blocks, logit soft-capping outside Gemma).
+An allowlist, not a best effort (the table: docs/model.md): Llama, Qwen3 and OLMo 2 compute the same function
+with the same module names, so the state dict carries over unchanged (parameter-free RMSNorm becomes gains of 1),
+and Gemma 2/3 configs are set to compute it. Everything else is refused with the reason, including settings that
+change the function without adding weights (LayerNorm Scaling, DeepNorm, Mix-LN, soft-capping).
 """
 
 from transformers import (
@@ -51,73 +38,60 @@ def hf_family(cfg) -> str:
     if cfg.norm_scaling != "none":
         raise ValueError(f"norm_scaling={cfg.norm_scaling!r} scales the norm outputs by 1/sqrt(layer), which no "
                          "Hugging Face family does (it adds no weights to carry it)")
-    if getattr(cfg, "v_norm", "none") != "none":
+    if cfg.v_norm != "none":
         raise ValueError(f"v_norm={cfg.v_norm!r} normalizes v per head, which Llama, Qwen3, OLMo 2 and Gemma 2/3 "
                          f"do not do (Gemma 3n/4 do, with other changes not matched here); exportable: {ALLOWED}")
-    if getattr(cfg, "attn_gate", "none") != "none" or getattr(cfg, "attn_sinks", False):
+    if cfg.attn_gate != "none" or cfg.attn_sinks:
         raise ValueError("attn_gate and attn_sinks change attention in ways no exportable family does (Qwen3-Next "
                          f"gates and GPT-OSS has sinks, with other changes not matched here); exportable: {ALLOWED}")
-    if getattr(cfg, "sub_norm", False):
+    if cfg.sub_norm:
         raise ValueError("sub_norm=True adds attn_sub_norm and ffn_sub_norm, which only BitNet has, and BitNet's "
                          f"ternary weights are not matched here; exportable: {ALLOWED}")
-    if getattr(cfg, "embed_norm", "none") == "norm":
+    if cfg.embed_norm == "norm":
         raise ValueError("embed_norm='norm' normalizes the embeddings (BLOOM: LayerNorm, ALiBi, no gated MLP), "
                          f"which no exportable family does; exportable: {ALLOWED}")
-    key = (cfg.norm_position, cfg.qk_norm, getattr(cfg, "norm_gain", "w"), getattr(cfg, "embed_norm", "none"))
+    key = (cfg.norm_position, cfg.qk_norm, cfg.norm_gain, cfg.embed_norm)
     family = FAMILIES.get(key)
     if family is None:
         raise ValueError(f"norm_position={key[0]!r} with qk_norm={key[1]!r}, norm_gain={key[2]!r} and "
                          f"embed_norm={key[3]!r} has no Hugging Face equivalent; exportable: {ALLOWED}")
     if family.startswith("gemma") and cfg.norm_type != "rmsnorm":
         raise ValueError(f"norm_type={cfg.norm_type!r}: Gemma's norms have (1 + w) gains; exportable: {ALLOWED}")
-    if getattr(cfg, "logit_softcap", 0) and not family.startswith("gemma"):
+    if cfg.logit_softcap and not family.startswith("gemma"):
         raise ValueError(f"logit_softcap={cfg.logit_softcap:g} soft-caps the logits, which {family} does not do "
                          "(of the exportable families only Gemma 2/3 do); export with logit_softcap=0, or as Gemma")
     return family
 
 
-def gemma_fields(cfg, family: str) -> dict:
-    """What makes a Gemma 2/3 config compute this model rather than Gemma's own recipe."""
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    return {
-        "head_dim": cfg.head_dim,
-        "hidden_activation": "silu",
-        "query_pre_attn_scalar": cfg.head_dim,  # scale 1/sqrt(head_dim)
-        "layer_types": ["full_attention"] * cfg.num_hidden_layers,
-        # No layer slides; the model still builds a sliding mask, so give it a window as long as the context
-        "sliding_window": cfg.max_position_embeddings,
-        "attn_logit_softcapping": None,
-        "final_logit_softcapping": getattr(cfg, "logit_softcap", 0) or None,
-        # Gemma 3 keeps one RoPE per layer type; only full_attention is used, the other is set alike
-        "rope_parameters": rope if family == "gemma2" else {"full_attention": rope, "sliding_attention": dict(rope)},
-    }
+# The fields a MiniMind config and the transformers config name alike
+SHARED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+          "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+          "bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def hf_config(cfg, family: str | None = None) -> PretrainedConfig:
     """The config of the transformers model that computes exactly what a MiniMind model of config cfg does."""
     family = family or hf_family(cfg)
-    if family.startswith("gemma"):
-        extra = gemma_fields(cfg, family)
-    else:
-        extra = {"hidden_act": "silu", "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta}}
-        if family == "qwen3":
-            extra |= {"head_dim": cfg.head_dim, "use_sliding_window": False}
-    config = CONFIG_CLASSES[family](
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rms_norm_eps=cfg.rms_norm_eps,
-        attention_bias=False,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        bos_token_id=cfg.bos_token_id,
-        eos_token_id=cfg.eos_token_id,
-        pad_token_id=cfg.pad_token_id,
-        **extra,
-    )
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    extra = {"hidden_act": "silu", "rope_parameters": rope}
+    if family == "qwen3":
+        extra |= {"head_dim": cfg.head_dim, "use_sliding_window": False}
+    if family.startswith("gemma"):  # what makes Gemma compute this model rather than Gemma's own recipe
+        extra = {
+            "head_dim": cfg.head_dim,
+            "hidden_activation": "silu",
+            "query_pre_attn_scalar": cfg.head_dim,  # scale 1/sqrt(head_dim)
+            "layer_types": ["full_attention"] * cfg.num_hidden_layers,
+            # No layer slides; the model still builds a sliding mask, so give it a window as long as the context
+            "sliding_window": cfg.max_position_embeddings,
+            "attn_logit_softcapping": None,
+            "final_logit_softcapping": cfg.logit_softcap or None,
+            # Gemma 3 keeps one RoPE per layer type; only full_attention is used, the other is set alike
+            "rope_parameters": rope if family == "gemma2" else {"full_attention": rope,
+                                                                "sliding_attention": dict(rope)},
+        }
+    config = CONFIG_CLASSES[family](**{field: getattr(cfg, field) for field in SHARED}, attention_bias=False,
+                                    **extra)
     # transformers 5 keeps theta inside rope_parameters only; 4.x reads a top-level rope_theta and, without one,
     # silently uses its default 10000. Set as an attribute, it is written beside rope_parameters for both.
     config.rope_theta = cfg.rope_theta

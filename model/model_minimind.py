@@ -243,15 +243,14 @@ class MiniMindConfig(PretrainedConfig):
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size}")
         if problem := config_problem(given):
             raise ValueError(problem)
-        for field, value in vars(with_implied(given)).items():
+        values = vars(with_implied(given)) | dict(vocab_size=vocab_size, rope_theta=rope_theta,
+                                                  max_position_embeddings=max_position_embeddings,
+                                                  initializer_range=initializer_range)
+        for field, value in values.items():
             setattr(self, field, value)
         # SwiGLU has three matrices instead of two, so 8/3*hidden keeps the FFN's parameter count at 4*hidden's;
         # rounding up to a multiple of 64 keeps matmuls aligned (512 -> 1408, as in MiniMind).
         self.intermediate_size = self.intermediate_size or 64 * math.ceil(self.hidden_size * 8 / 3 / 64)
-        self.vocab_size = vocab_size
-        self.max_position_embeddings = max_position_embeddings
-        self.rope_theta = rope_theta
-        self.initializer_range = initializer_range
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kwargs)
 
@@ -452,7 +451,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class MiniMindPreTrainedModel(PreTrainedModel):
     config_class = MiniMindConfig
     base_model_prefix = "model"
-    supports_gradient_checkpointing = False
     _no_split_modules = ["MiniMindBlock"]
 
     @torch.no_grad()
@@ -542,10 +540,9 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
         """labels: Hugging Face style, aligned with input_ids and shifted here (-100 = ignore).
         shift_labels: targets already aligned with the logits (what the trainer's batches hold)."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache if cache is not None else past_key_values, inputs_embeds=inputs_embeds,
+                         past_key_values=past_key_values, cache=cache, inputs_embeds=inputs_embeds,
                          use_cache=use_cache, output_hidden_states=output_hidden_states)
-        hidden = out.last_hidden_state if logits_to_keep == 0 else out.last_hidden_state[:, -logits_to_keep:]
-        logits = self.lm_head(hidden)
+        logits = self.lm_head(out.last_hidden_state[:, -logits_to_keep:])  # 0 keeps all: -0 is 0
         cap = self.config.logit_softcap
         if cap:  # C * tanh(z / C) in float32 (Gemma 2, nanochat): every logit stays within (-C, C)
             logits = cap * torch.tanh(logits.float() / cap)
@@ -554,6 +551,5 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
         loss = None
         if shift_labels is not None:  # in fp32 even under autocast: a 6400-way log-softmax needs it
             loss = F.cross_entropy(logits.float().flatten(0, 1), shift_labels.flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(
-            loss=loss, logits=logits, hidden_states=out.hidden_states, **{CACHE_FIELD: getattr(out, CACHE_FIELD)}
-        )
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                      **{CACHE_FIELD: getattr(out, CACHE_FIELD)})

@@ -1,11 +1,8 @@
-"""Names for whole setups, derived from the config's SWITCHES: variant names and presets.
+"""Names for whole setups, derived from the config's SWITCHES: variant names and presets (docs/model.md).
 
-A variant name is "<placement>-<norm type>": the norm position, then "+token" for each switch away from its
-default, in SWITCHES order (e.g. pre-rmsnorm, pre+qk_head-rmsnorm, peri+qkv-rmsnorm, mix0.5+depth-layernorm,
-pre+softcap15-rmsnorm); a setup with no norm anywhere leaves the norm type out (rezero), and a few recipes are
-known by their own name (nanochat). norm_variant() writes a config's name and variant_fields() reads one back,
-so every name the trainer's --variant, the ablation runner and the reports use means the same fields.
-A preset names a model size (--preset): the fields it sets, which any flag given beside it overrides.
+A variant name is the norm position, "+token" for each switch away from its default in SWITCHES order, then
+"-<norm type>" (pre+qk_head-rmsnorm, mix0.5+depth-layernorm); norm_variant() writes it, variant_fields() reads
+it back, so --variant, the ablation runner and the reports mean the same fields. A preset names a model size.
 """
 
 import re
@@ -17,6 +14,9 @@ from model.norms import NORM_TYPES
 VARIANT_SWITCHES = ("norm_type", "norm_position", *(s.name for s in SWITCHES if s.token))
 VARIANT_DEFAULTS = {name: getattr(with_implied({}), name) for name in VARIANT_SWITCHES}
 QKV = {"qk_norm": "head", "v_norm": "head"}  # "+qkv": per-head norms on q, k and v
+# Each name token and the fields it sets
+TOKENS = {"qkv": QKV} | {token: {switch.name: value} for switch in SWITCHES if isinstance(switch.token, dict)
+                         for value, token in switch.token.items()}
 # Setups best known by the recipe that uses them. nanochat: parameter-free RMSNorm before each sublayer, per head
 # on q and k, after the embedding lookup and before lm_head, logits soft-capped at 15.
 RECIPES = {"nanochat": "pre+qk_head+embed_norm+softcap15-rmsnorm_noparam"}
@@ -30,17 +30,6 @@ PRESETS = {
 }
 
 
-def builds_norms(config) -> bool:
-    """Whether any slot holds a norm of norm_type: every placement's blocks or final norm do, except ReZero's,
-    which has norms only where a switch (QK-, V-, sub- or embedding norm) adds them."""
-    return (config.norm_position != "rezero" or config.qk_norm != "none" or config.v_norm != "none"
-            or config.sub_norm or config.embed_norm == "norm")
-
-
-def name_token(switch, value) -> str:
-    return f"{switch.token}{value:g}" if isinstance(switch.token, str) else switch.token[value]
-
-
 def norm_variant(config) -> str:
     """A config's variant name, e.g. 'pre-rmsnorm', 'pre+depth+qk_head-rmsnorm', 'rezero', 'nanochat'."""
     parts = [config.norm_position]
@@ -50,26 +39,18 @@ def norm_variant(config) -> str:
     qkv = all(getattr(config, f) == v != getattr(implied, f) for f, v in QKV.items())
     for switch in SWITCHES:
         value = getattr(config, switch.name)
-        if not switch.token or value == getattr(implied, switch.name):
+        if not switch.token or value == getattr(implied, switch.name) or (qkv and switch.name == "v_norm"):
             continue
-        if qkv and switch.name in QKV:
-            if switch.name == "qk_norm":
-                parts.append("qkv")
-            continue
-        parts.append(name_token(switch, value))
+        if isinstance(switch.token, str):  # a number, e.g. softcap15
+            parts.append(f"{switch.token}{value:g}")
+        else:
+            parts.append("qkv" if qkv and switch.name == "qk_norm" else switch.token[value])
     name = "+".join(parts)
-    if builds_norms(config):
+    # ReZero has norms only where a switch (QK-, V-, sub- or embedding norm) adds them; with none, no type named
+    if (config.norm_position != "rezero" or config.qk_norm != "none" or config.v_norm != "none"
+            or config.sub_norm or config.embed_norm == "norm"):
         name += f"-{config.norm_type}"
     return next((recipe for recipe, spelled in RECIPES.items() if spelled == name), name)
-
-
-def token_fields() -> dict[str, dict]:
-    """Each name token and the fields it sets."""
-    tokens = {"qkv": QKV}
-    for switch in SWITCHES:
-        if isinstance(switch.token, dict):
-            tokens |= {token: {switch.name: value} for value, token in switch.token.items()}
-    return tokens
 
 
 def variant_fields(name: str) -> dict:
@@ -90,17 +71,16 @@ def variant_fields(name: str) -> dict:
     fields["norm_position"] = position
     implied = with_implied({"norm_position": position})  # HybridNorm's QKV-norm: its name says so without a token
     fields |= {field: getattr(implied, field) for field in QKV}
-    known = token_fields()
     for token in tokens:
         number = next((s for s in SWITCHES if isinstance(s.token, str) and re.fullmatch(
             rf"{s.token}[0-9.e+-]+", token)), None)
         if number:
             fields[number.name] = number.type(token.removeprefix(number.token))
-        elif token in known:
-            fields |= known[token]
+        elif token in TOKENS:
+            fields |= TOKENS[token]
         else:
             raise ValueError(f"variant {name!r}: {token!r} is not a part of a variant name; allowed: "
-                             f"{sorted(known)} and softcap<C>")
+                             f"{sorted(TOKENS)} and softcap<C>")
     return fields
 
 
