@@ -1,14 +1,8 @@
-"""RMSNorm's arithmetic three ways, and which way the model takes on each device and dtype.
-
-Each computes the eager formula's output bit for bit (tests/test_norm_scripts.py checks every dtype):
-
-    xf = x.float(); y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-
-and differ only in how the backward runs:
+"""RMSNorm's arithmetic three ways, and which way the model takes on each device and dtype. Each computes the eager
+formula's output bit for bit (tests/test_norm_scripts.py checks every dtype) and differs only in its backward:
   eager         the formula left to autograd: nine elementwise passes backward
   F.rms_norm    torch.nn.functional.rms_norm: one fused kernel each way on CUDA; on CPU the formula's ops again
   hand-written  HandWrittenBackward: four passes backward, and only x and the per-row rstd saved
-
 scripts/bench_norms.py measures them; the numbers behind CHOICE are in docs/performance.md ("Norm speed").
 """
 

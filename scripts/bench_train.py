@@ -36,6 +36,11 @@ from trainer.optim import build_optimizer
 MODES = ("eager", "compiled")
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def make_step(model, optimizer, x, y, mixed_precision, minimind: bool):
     def step():
         with mixed_precision:
@@ -47,14 +52,11 @@ def make_step(model, optimizer, x, y, mixed_precision, minimind: bool):
 
 
 def time_round(step, steps: int, device) -> float:
-    """Seconds for `steps` calls of step, with the GPU's queue drained at both ends."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    sync(device)
     t = time.perf_counter()
     for _ in range(steps):
         step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    sync(device)
     return time.perf_counter() - t
 
 

@@ -58,8 +58,7 @@ def parse_args(argv=None):
     require_positive(args, ("hidden_size", "num_attention_heads", "num_key_value_heads", "batch_size", "seq_len"))
     if any(d < 1 for d in args.depths):
         raise UserError(f"--depths must be positive integers, got {args.depths}")
-    unknown = [v for v in args.variants if v not in VARIANTS]
-    if unknown:
+    if unknown := [v for v in args.variants if v not in VARIANTS]:
         raise UserError(f"unknown variant {unknown[0]!r}; see python scripts/run_ablation.py --help for the names")
     return args
 

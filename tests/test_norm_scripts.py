@@ -207,18 +207,14 @@ def test_bad_flags_are_one_line_errors(main, argv, message, capsys):
 
 def test_why_normalization_script(tmp_path, capsys):
     why_normalization.main(["--layers", "3", "--width", "64", "--batch", "8", "--json", str(tmp_path / "why.json")])
-    out = capsys.readouterr().out
-    lines = out.splitlines()
+    lines = capsys.readouterr().out.splitlines()
     assert any("std no-norm" in line and "|dW| RMSNorm" in line for line in lines)
     rows = [line.split() for line in lines if line.split() and line.split()[0].isdigit()]
     assert [r[0] for r in rows] == ["1", "2", "3"] and all(len(r) == 5 for r in rows)
-
     data = json.loads((tmp_path / "why.json").read_text())
     assert data["config"] == {"seed": 0, "layers": 3, "width": 64, "batch": 8}
-    for net in ["no_norm", "rmsnorm"]:
-        for key in ["std", "grad_norm"]:
-            values = data[net][key]
-            assert len(values) == 3 and all(math.isfinite(v) and v > 0 for v in values), (net, key)
+    for values in [data[net][key] for net in ["no_norm", "rmsnorm"] for key in ["std", "grad_norm"]]:
+        assert len(values) == 3 and all(math.isfinite(v) and v > 0 for v in values)
     # The point of the experiment: without a norm the signal decays layer after layer; with RMSNorm every
     # ReLU sees unit-RMS input, so its output std stays near sqrt(1/2 - 1/(2 pi)) = 0.58.
     assert data["no_norm"]["std"][-1] < 0.5 * data["no_norm"]["std"][0]
