@@ -4,13 +4,10 @@
     python scripts/convert_to_gguf.py out/pretrain out/pretrain.gguf
     python scripts/compare_llama_cpp.py out/pretrain out/pretrain.gguf
 
-Three comparisons, llama.cpp (through the llama-cpp-python bindings) against the plain transformers class
-that scripts/convert_to_hf.py exports (float32, no code of this repository in its forward pass):
-  - token ids of every held-out document (the embedded corpus's validation plays, or --data_path's);
-  - greedy continuation tokens of --prompt;
-  - perplexity over consecutive, non-overlapping windows of --context held-out tokens, each window scored on
-    its own (the same windows and the same predictions on both sides).
-Exit status 1 when the ids or greedy tokens differ or the perplexities differ by more than --tolerance.
+llama.cpp (through llama-cpp-python) against the plain transformers class of scripts/convert_to_hf.py's export
+(float32): the token ids of every held-out document, greedy tokens after --prompt, and the perplexity over
+consecutive --context windows of held-out tokens, each scored on its own. Exit status 1 when the ids or greedy
+tokens differ or the perplexities differ by more than --tolerance.
 """
 
 import math

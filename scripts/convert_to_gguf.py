@@ -53,29 +53,26 @@ def gguf_tensors(hf_model, family: str) -> dict[str, torch.Tensor]:
         name = names.get_name(key, try_suffixes=(".weight",))
         if name is None:
             raise UserError(f"{key}: the gguf package has no {family} tensor name for it; nothing was written")
-        if family == "llama" and key.endswith("self_attn.q_proj.weight"):
-            value = interleave_rope_halves(value, cfg.num_attention_heads)
-        elif family == "llama" and key.endswith("self_attn.k_proj.weight"):
-            value = interleave_rope_halves(value, cfg.num_key_value_heads)
+        if family == "llama" and key.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            heads = cfg.num_attention_heads if "q_proj" in key else cfg.num_key_value_heads
+            value = interleave_rope_halves(value, heads)
         tensors[name] = value.detach().float().contiguous()
     return tensors
 
 
-def stored(tensor: torch.Tensor, outtype: str) -> torch.Tensor:
-    """The values the file holds for tensor: matrices rounded to outtype (nearest even), vectors in float32."""
-    dtype = OUTTYPES[outtype][2] if tensor.dim() > 1 else torch.float32
-    return tensor.to(dtype).float()
-
-
-def require_in_range(tensors: dict[str, torch.Tensor], outtype: str) -> None:
-    """Refuse a weight too large for --outtype (f16 ends at 65504): it would be stored as inf, and the read-back
-    check cannot tell, since inf reads back as the inf it was rounded to."""
+def stored(tensors: dict[str, torch.Tensor], outtype: str) -> dict[str, torch.Tensor]:
+    """The values the file will hold: matrices rounded to outtype (nearest even), vectors in float32. Refuses a
+    weight too large for outtype (f16 ends at 65504): it would be stored as inf, and the read-back check cannot
+    tell, since inf reads back as the inf it was rounded to."""
+    values = {}
     for name, tensor in tensors.items():
-        if (stored(tensor, outtype).isinf() & tensor.isfinite()).any():
+        values[name] = tensor.to(OUTTYPES[outtype][2] if tensor.dim() > 1 else torch.float32).float()
+        if (values[name].isinf() & tensor.isfinite()).any():
             wider = " or ".join(t for t in ("bf16", "f32") if t != outtype)
             raise UserError(f"tensor {name} has values up to {tensor.abs().max().item():.4g} in magnitude, beyond "
                             f"--outtype {outtype}'s largest ({torch.finfo(OUTTYPES[outtype][2]).max:g}), so it "
                             f"would be stored as inf; export with --outtype {wider}; nothing was written")
+    return values
 
 
 def vocabulary(tokenizer_dir: Path, vocab_size: int) -> tuple[list[str], list[int], list[str]]:
@@ -148,8 +145,8 @@ def write_gguf(path: Path, name: str, family: str, cfg, tensors, tokenizer, voca
     writer.close()
 
 
-def self_check(path: Path, tensors: dict[str, torch.Tensor], vocab, outtype: str) -> None:
-    """Raise UserError unless the file read back holds exactly these tensors (as stored) and this vocabulary."""
+def self_check(path: Path, tensors: dict[str, torch.Tensor], vocab) -> None:
+    """Raise UserError unless the file read back holds exactly these tensors and this vocabulary."""
     reader = gguf.GGUFReader(path)
     found = {t.name: t for t in reader.tensors}
     if set(found) != set(tensors):
@@ -159,7 +156,7 @@ def self_check(path: Path, tensors: dict[str, torch.Tensor], vocab, outtype: str
         read = found[name]
         values = torch.from_numpy(gguf.quants.dequantize(read.data, read.tensor_type).copy())
         if tuple(int(n) for n in reversed(read.shape)) != tuple(tensor.shape) or not torch.equal(
-                values.reshape(tensor.shape), stored(tensor, outtype)):
+                values.reshape(tensor.shape), tensor):
             raise UserError(f"tensor {name} read back from the GGUF file differs from the export; nothing was written")
     tokens, types, merges = vocab
     for key, expected in ((gguf.Keys.Tokenizer.LIST, tokens), (gguf.Keys.Tokenizer.MERGES, merges),
@@ -185,11 +182,11 @@ def convert(src: Path, dst: Path, outtype: str = "f32") -> str:
     tokenizer = load_tokenizer(model_dir)
     vocab = vocabulary(model_dir, hf_model.config.vocab_size)
     tensors = gguf_tensors(hf_model, family)
-    require_in_range(tensors, outtype)
+    expected = stored(tensors, outtype)
     partial = dst.with_name(f".{dst.name}.partial-{os.getpid()}")  # a name common.fs.remove_leftovers knows
     try:
         write_gguf(partial, Path(src).resolve().name, family, hf_model.config, tensors, tokenizer, vocab, outtype)
-        self_check(partial, tensors, vocab, outtype)
+        self_check(partial, expected, vocab)
         os.replace(partial, dst)
     finally:
         partial.unlink(missing_ok=True)

@@ -1,18 +1,12 @@
-"""Export a MiniMind checkpoint as a plain transformers model: Llama, Qwen3, OLMo 2, Gemma 2 or Gemma 3, picked from
-its config.
+"""Export a MiniMind checkpoint as a plain transformers model (Llama, Qwen3, OLMo 2, Gemma 2 or Gemma 3), picked
+from its config by model/hf_export.py, which lists the configurations each family computes exactly.
 
     python scripts/convert_to_hf.py out/pretrain out/hf
 
-    pre     + RMSNorm (with or without gains) + no QK-norm  -> LlamaForCausalLM
-    pre     + RMSNorm + --qk_norm head                      -> Qwen3ForCausalLM
-    reorder + RMSNorm + --qk_norm proj                      -> Olmo2ForCausalLM
-    peri + RMSNorm + --norm_gain one_plus_w + --embed_norm scale  -> Gemma2ForCausalLM
-    the same + --qk_norm head                               -> Gemma3ForCausalLM (text)
-
-The module names already match, so the state dict is copied unchanged. Before reporting success the script
-loads the written directory with the plain transformers class and compares its logits with the MiniMind
-model's on a few sequences (float32, max abs difference <= 1e-4); any other configuration, and any export
-that fails that check, is refused with the reason and nothing is written.
+The module names already match, so the state dict is copied unchanged. Before reporting success the written
+directory is loaded with the plain transformers class, and its logits must match the MiniMind model's (float32,
+max abs difference <= 1e-4); any other configuration, or a failed check, is refused with the reason and nothing is
+written.
 """
 
 import sys
@@ -31,13 +25,6 @@ from trainer.export import export_model
 TOLERANCE = 1e-4
 
 
-@torch.no_grad()
-def max_logit_difference(a, b, vocab_size: int, seed: int = 0) -> float:
-    """Largest |logit difference| of two models over a few random sequences (float32, eval mode)."""
-    ids = torch.randint(0, vocab_size, (3, 24), generator=torch.Generator().manual_seed(seed))
-    return (a(input_ids=ids).logits.float() - b(input_ids=ids).logits.float()).abs().max().item()
-
-
 def convert(src: Path, dst: Path) -> str:
     """Write the export to dst and return the family's class name; UserError (nothing written) if it cannot."""
     if dst.exists():
@@ -49,7 +36,9 @@ def convert(src: Path, dst: Path) -> str:
             save_tokenizer(AutoTokenizer.from_pretrained(src), tmp)
         # The self-check reads what was written, with transformers' own class and none of this repo's code.
         reloaded = type(target).from_pretrained(tmp, dtype=torch.float32).eval()
-        diff = max_logit_difference(source, reloaded, source.config.vocab_size)
+        ids = torch.randint(0, source.config.vocab_size, (3, 24), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            diff = (source(input_ids=ids).logits - reloaded(input_ids=ids).logits).abs().max().item()
         if not diff <= TOLERANCE:
             raise UserError(f"the exported {type(target).__name__} differs from the checkpoint (max |logit "
                             f"difference| {diff:.2e} > {TOLERANCE:g}); nothing was written")

@@ -2,20 +2,11 @@
 
     python scripts/gpu_check.py --out out/gpu_check
 
-Runs, each as its own process with its own time limit, most important first, and within --budget seconds in all
-(a step that no longer fits is reported as skipped, and the report is rewritten after every step, so a run cut
-short still leaves one):
-  1. pytest tests/test_cuda.py: bf16 training eager and compiled without host syncs between log steps, resume,
-     the norm kernels, fused attention, this device's MFU peak
-  2. the default GPU pretraining (trainer/train_pretrain.py --device cuda, the CUDA preset), then
-     eval_llm.py --eval_data on its checkpoint
-  3. scripts/bench_train.py in bf16, eager and compiled, at the preset's shape, against LlamaForCausalLM
-  4. step 2 again with --compile
-  5. scripts/bench_norms.py --device cuda at the preset's tokens per micro-step
-and writes OUT/gpu_check.md and OUT/gpu_check.json: the device, torch and CUDA versions, and per step its command,
-exit status, seconds and numbers (tokens/s, MFU, compile time, peak memory, bits per byte), with the tail of its
-output in OUT/logs/. Without a usable CUDA GPU it exits at once with one line. It needs the repository's
-dependencies beside torch; docs/gpu.md says how to bring their wheels to a machine that has only torch.
+Runs tests/test_cuda.py, the default GPU pretraining eager and compiled (each followed by eval_llm.py
+--eval_data), bench_train.py and bench_norms.py, each as its own process with its own time limit, most important
+first, within --budget seconds in all (a step that no longer fits is skipped). OUT/gpu_check.md and .json are
+rewritten after every step, so a run cut short still leaves a report; each step's output goes to OUT/logs/.
+Without a usable CUDA GPU it exits at once with one line. The steps, and how to bring the wheels: docs/gpu.md.
 """
 
 import json
@@ -38,22 +29,18 @@ PY = sys.executable
 PRESET_BATCH, PRESET_SEQ = DEVICE_DEFAULTS["cuda"]["batch_size"], build_parser().get_default("max_seq_len")
 
 
-def tail(text: str, lines: int = 15) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def pytest_numbers(out_dir: Path, stdout: str) -> dict:
+def pytest_numbers(stdout: str) -> dict:
     return {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", stdout)}
 
 
 def bench_numbers(path: Path):
-    def read(out_dir: Path, stdout: str) -> dict:
+    def read(stdout: str) -> dict:
         return {"rows": json.loads(path.read_text()).get("results")} if path.is_file() else {}
     return read
 
 
 def pretrain_numbers(run_dir: Path):
-    def read(out_dir: Path, stdout: str) -> dict:
+    def read(stdout: str) -> dict:
         summary_file = run_dir / "summary.json"
         if not summary_file.is_file():
             return {}
@@ -69,7 +56,7 @@ def pretrain_numbers(run_dir: Path):
     return read
 
 
-def eval_numbers(out_dir: Path, stdout: str) -> dict:
+def eval_numbers(stdout: str) -> dict:
     """The metrics row eval_llm.py prints: ... loss ppl bpb."""
     rows = re.findall(r"(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s*$", stdout, re.MULTILINE)
     return dict(zip(("loss", "ppl", "bpb"), map(float, rows[-1]), strict=True)) if rows else {}
@@ -155,8 +142,8 @@ def main(argv: list[str] | None = None) -> None:
             stdout = err.stdout.decode() if isinstance(err.stdout, bytes) else err.stdout or ""
             output = stdout + (err.stderr.decode() if isinstance(err.stderr, bytes) else err.stderr or "")
         step["seconds"] = round(time.monotonic() - start, 1)
-        step["numbers"] = read(out, stdout)
-        step["output_tail"] = tail(output)
+        step["numbers"] = read(stdout)
+        step["output_tail"] = "\n".join(output.strip().splitlines()[-15:])
         (out / "logs" / (re.sub(r"\W+", "_", name).strip("_") + ".log")).write_text(output)
         write_report(out, report)
         print(f"{name}: {step['status']} in {step['seconds']} s", flush=True)

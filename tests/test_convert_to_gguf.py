@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.cli import UserError, run_cli
-from data import load_tokenizer, save_tokenizer
-from model import MiniMindConfig, MiniMindForCausalLM
+from common.cli import run_cli
+from data import save_tokenizer
+from model import MiniMindForCausalLM
 from scripts import convert_to_gguf
+from tests.tiny import tiny_model
 
 FAMILIES = {
     "llama": {},
@@ -26,18 +27,10 @@ FAMILIES = {
 }
 
 
-def tiny_checkpoint(path: Path, tokenizer_dir: str, **overrides) -> MiniMindForCausalLM:
-    """A saved tiny model with non-trivial norm gains (a gain of 1 would hide a misplaced norm) and its tokenizer."""
-    tokenizer = load_tokenizer(tokenizer_dir)
-    torch.manual_seed(0)
-    config = MiniMindConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, intermediate_size=64, rope_theta=500.0, rms_norm_eps=1e-6,
-                            max_position_embeddings=128, **overrides)
-    model = MiniMindForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.uniform_(0.5, 1.5)
+def tiny_checkpoint(path: Path, tokenizer, **overrides) -> MiniMindForCausalLM:
+    """A saved tiny model, every weight off its init (a gain of 1 would hide a misplaced norm), and its tokenizer."""
+    model = tiny_model(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                       rope_theta=500.0, rms_norm_eps=1e-6, max_position_embeddings=128, **overrides)
     model.save_pretrained(path)
     save_tokenizer(tokenizer, path)
     return model
@@ -97,13 +90,21 @@ def llama_cpp_style_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
     return rms(x, t["output_norm.weight"], eps) @ t.get("output.weight", t["token_embd.weight"]).T
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_gguf_computes_what_the_checkpoint_does(tmp_path, tiny_tokenizer_dir, family):
-    model = tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir, **FAMILIES[family])
-    arch = convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf")
+@pytest.mark.parametrize("family,outtype", [*((family, "f32") for family in FAMILIES), ("qwen3", "f16"),
+                                            ("qwen3", "bf16")])
+def test_gguf_computes_what_the_checkpoint_does(tmp_path, tiny_tokenizer, family, outtype):
+    model = tiny_checkpoint(tmp_path / "src", tiny_tokenizer, **FAMILIES[family])
+    arch = convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf", outtype)
     assert arch == family.split("-")[0]
+    stored = {t.name: t.tensor_type for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    assert stored == {name: gguf.GGMLQuantizationType.F32 if name.endswith("norm.weight")
+                      else gguf.GGMLQuantizationType[outtype.upper()] for name in stored}
+    # The model with its matrices rounded as the file stores them (nearest even) computes what the file does.
     ids = torch.randint(0, model.config.vocab_size, (20,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.copy_(param.to({"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[outtype]))
         expected = model(ids[None]).logits[0]
     assert (llama_cpp_style_logits(tmp_path / "m.gguf", ids) - expected).abs().max().item() <= 1e-4
 
@@ -130,97 +131,61 @@ def test_gguf_computes_what_the_checkpoint_does(tmp_path, tiny_tokenizer_dir, fa
     assert meta["tokenizer.ggml.add_bos_token"] is False
 
 
-@pytest.mark.parametrize("outtype", ["f16", "bf16"])
-def test_half_precision_rounds_only_the_matrices(tmp_path, tiny_tokenizer_dir, outtype):
-    model = tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir, qk_norm="head")
-    convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf", outtype)
-    stored = {t.name: t.tensor_type for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
-    half = gguf.GGMLQuantizationType[outtype.upper()]
-    assert {n for n, kind in stored.items() if kind == half} == {n for n in stored if not n.endswith("norm.weight")}
-    assert {stored[n] for n in stored if n.endswith("norm.weight")} == {gguf.GGMLQuantizationType.F32}
-    # The same model with its matrices rounded the same way (nearest even) computes what the file does.
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.copy_(param.to(getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[outtype])).float())
-        ids = torch.arange(12) * 7
-        expected = model(ids[None]).logits[0]
-    assert (llama_cpp_style_logits(tmp_path / "m.gguf", ids) - expected).abs().max().item() <= 1e-4
+REFUSALS = {  # case -> (the checkpoint's config overrides, the one line printed after "error: ", as a regex)
+    "peri": ({"norm_position": "peri"}, "cannot export .*peri.*"),
+    "derf": ({"norm_type": "derf"}, "cannot export .*erf.*"),
+    "seednorm": ({"norm_type": "seednorm"}, "cannot export .*SeeDNorm.*"),
+    "rezero": ({"norm_position": "rezero"}, "cannot export .*rezero.*"),
+    "softcap": ({"logit_softcap": 15.0}, "cannot export .*soft-caps.*"),
+    "gemma2": ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale"},
+               "a gemma2 model has no GGUF export.*"),
+    "beyond_f16": ({}, re.escape("tensor blk.1.ffn_down.weight has values up to 7e+04 in magnitude, beyond --outtype "
+                                 "f16's largest (65504), so it would be stored as inf; export with --outtype bf16 or "
+                                 "f32; nothing was written")),
+    "existing_output": ({}, ".*m.gguf already exists; choose a new output file"),
+    "bad_write": ({}, "tensor .* read back from the GGUF file differs from the export; nothing was written"),
+    "prefix_space": ({}, ".*: GGUF export writes GPT-2-style byte-level BPE tokenizers only .*"),
+}
 
 
-@pytest.mark.parametrize("overrides,line", [
-    ({"norm_position": "peri"}, "error: cannot export .*peri"), ({"norm_type": "derf"}, "error: cannot export .*erf"),
-    ({"norm_type": "seednorm"}, "error: cannot export .*SeeDNorm"),
-    ({"norm_position": "rezero"}, "error: cannot export .*rezero"),
-    ({"logit_softcap": 15.0}, "error: cannot export .*soft-caps"),
-    ({"norm_position": "peri", "norm_gain": "one_plus_w", "embed_norm": "scale"},
-     "error: a gemma2 model has no GGUF export")])
-def test_refuses_what_no_family_computes_in_one_line(tmp_path, tiny_tokenizer_dir, monkeypatch, capsys, overrides,
-                                                     line):
-    tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir, **overrides)
+@pytest.mark.parametrize("case", REFUSALS)
+def test_refuses_in_one_line_writing_nothing(tmp_path, tiny_tokenizer, monkeypatch, capsys, case):
+    overrides, line = REFUSALS[case]
+    model = tiny_checkpoint(tmp_path / "src", tiny_tokenizer, **overrides)
+    flags = []
+    if case == "beyond_f16":
+        with torch.no_grad():
+            model.model.layers[1].mlp.down_proj.weight[0, 0] = -7e4  # f16 ends at 65504: it would be stored as -inf
+        model.save_pretrained(tmp_path / "src")
+        flags = ["--outtype", "f16"]
+    elif case == "existing_output":
+        (tmp_path / "m.gguf").write_bytes(b"mine")
+    elif case == "bad_write":  # a writer that alters the stored values is caught by the read-back
+        monkeypatch.setattr(gguf.quants, "quantize", lambda data, qtype: (data + 1e-3).astype(np.float32))
+    elif case == "prefix_space":  # " Hello" and "Hello" would tokenize alike: not llama.cpp's "gpt-2"
+        spec = json.loads((tmp_path / "src" / "tokenizer.json").read_text(encoding="utf-8"))
+        spec["pre_tokenizer"]["add_prefix_space"] = True
+        (tmp_path / "src" / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
     capsys.readouterr()  # save_pretrained's progress bar
-    monkeypatch.setattr(sys, "argv", ["convert_to_gguf.py", str(tmp_path / "src"), str(tmp_path / "m.gguf")])
+    monkeypatch.setattr(sys, "argv", ["convert_to_gguf.py", str(tmp_path / "src"), str(tmp_path / "m.gguf"), *flags])
     with pytest.raises(SystemExit) as exit_info:
         run_cli(convert_to_gguf.main)
-    assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and re.match(line, lines[0]), lines
-    assert list(tmp_path.glob("*m.gguf*")) == []
-
-
-def test_refuses_a_weight_beyond_f16s_range_naming_it(tmp_path, tiny_tokenizer_dir, monkeypatch, capsys):
-    model = tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir)
-    with torch.no_grad():
-        model.model.layers[1].mlp.down_proj.weight[0, 0] = -7e4  # f16 ends at 65504: it would be stored as -inf
-    model.save_pretrained(tmp_path / "src")
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["convert_to_gguf.py", str(tmp_path / "src"), str(tmp_path / "m.gguf"),
-                                      "--outtype", "f16"])
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(convert_to_gguf.main)
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines() == [
-        "error: tensor blk.1.ffn_down.weight has values up to 7e+04 in magnitude, beyond --outtype f16's largest "
-        "(65504), so it would be stored as inf; export with --outtype bf16 or f32; nothing was written"]
-    assert list(tmp_path.glob("*m.gguf*")) == []
-    convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf", "bf16")  # as the line suggests
-    assert read_gguf(tmp_path / "m.gguf")[1]["blk.1.ffn_down.weight"].isfinite().all()
-
-
-def test_refuses_an_existing_output(tmp_path, tiny_tokenizer_dir):
-    tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir)
-    (tmp_path / "m.gguf").write_bytes(b"mine")
-    with pytest.raises(UserError, match="already exists"):
-        convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf")
-    assert (tmp_path / "m.gguf").read_bytes() == b"mine"
-
-
-def test_self_check_catches_a_bad_write(tmp_path, tiny_tokenizer_dir, monkeypatch):
-    """A writer that alters the stored values is caught by the read-back, and nothing is left behind."""
-    tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir)
-    monkeypatch.setattr(gguf.quants, "quantize", lambda data, qtype: (data + 1e-3).astype(np.float32))
-    with pytest.raises(UserError, match="differs from the export; nothing was written"):
-        convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf")
-    assert list(tmp_path.glob("*m.gguf*")) == []
-
-
-def test_refuses_a_tokenizer_llama_cpps_gpt2_does_not_split_the_same_way(tmp_path, tiny_tokenizer_dir):
-    tiny_checkpoint(tmp_path / "src", tiny_tokenizer_dir)
-    spec = json.loads((tmp_path / "src" / "tokenizer.json").read_text(encoding="utf-8"))
-    spec["pre_tokenizer"]["add_prefix_space"] = True  # " Hello" and "Hello" would tokenize alike: not "gpt-2"
-    (tmp_path / "src" / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
-    with pytest.raises(UserError, match="GPT-2-style byte-level BPE tokenizers only"):
-        convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf")
-    assert list(tmp_path.glob("*m.gguf*")) == []
+    assert exit_info.value.code == 2 and len(lines) == 1 and re.fullmatch("error: " + line, lines[0]), lines
+    left = {p.name: p.read_bytes() for p in tmp_path.glob("*m.gguf*")}
+    assert left == ({"m.gguf": b"mine"} if case == "existing_output" else {})
+    if case == "beyond_f16":  # as the line suggests, bf16 holds it
+        convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf", "bf16")
+        assert read_gguf(tmp_path / "m.gguf")[1]["blk.1.ffn_down.weight"].isfinite().all()
 
 
 @pytest.mark.slow  # loads llama.cpp three times and scores held-out windows both ways
 @pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2"])
-def test_llama_cpp_runs_the_file_as_transformers_runs_the_export(tmp_path, tiny_tokenizer_dir, family):
+def test_llama_cpp_runs_the_file_as_transformers_runs_the_export(tmp_path, tiny_tokenizer, family):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed here (installing it builds "
                                             "llama.cpp from source; docs/gguf.md gives the commands)")
     from scripts import compare_llama_cpp
-    tiny_checkpoint(tmp_path / "ckpt", tiny_tokenizer_dir, **FAMILIES[family])
+    tiny_checkpoint(tmp_path / "ckpt", tiny_tokenizer, **FAMILIES[family])
     convert_to_gguf.convert(tmp_path / "ckpt", tmp_path / "model.gguf")
     r = compare_llama_cpp.compare(tmp_path / "ckpt", tmp_path / "model.gguf", context=64, windows=4,
                                   new_tokens=10, threads=1)

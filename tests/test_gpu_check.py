@@ -19,8 +19,8 @@ def test_without_cuda_it_refuses_in_one_line_and_writes_nothing(tmp_path, monkey
 
 def test_reads_the_metrics_row_of_eval_llm():
     table = "checkpoint  variant      loss     ppl     bpb\nrun         pre-rmsnorm  2.4075  11.107  1.0123\n"
-    assert gpu_check.eval_numbers(None, table) == {"loss": 2.4075, "ppl": 11.107, "bpb": 1.0123}
-    assert gpu_check.pytest_numbers(None, "5 passed, 2 skipped in 3.1s") == {"passed": 5, "skipped": 2}
+    assert gpu_check.eval_numbers(table) == {"loss": 2.4075, "ppl": 11.107, "bpb": 1.0123}
+    assert gpu_check.pytest_numbers("5 passed, 2 skipped in 3.1s") == {"passed": 5, "skipped": 2}
 
 
 def test_every_step_is_reported_and_a_failure_fails_the_check(tmp_path, monkeypatch):
