@@ -21,8 +21,8 @@ from trainer.run_dir import LINK, MANIFEST, READ_ATTEMPTS, read_model_dir, save_
 
 def save_step(out: Path, step: int, tokenizer, keep: int = 2) -> None:
     """A checkpoint as the trainer writes it (weights seeded by the step, so each step's differ)."""
-    save_checkpoint(out, tiny_model(step, perturb=False, vocab_size=len(tokenizer)), tokenizer, {"step": step},
-                    keep=keep)
+    model = tiny_model(step, perturb=False, vocab_size=len(tokenizer))
+    save_checkpoint(out, model, tokenizer, {"step": step}, keep=keep)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,8 @@ def run(base_run, tmp_path) -> Path:
 
 def has_weights_of(state: dict[str, torch.Tensor], step: int) -> bool:
     """Whether a state dict holds (a subset of) step's tensors unchanged."""
-    expected = tiny_model(step, perturb=False, vocab_size=state["model.embed_tokens.weight"].shape[0]).state_dict()
+    vocab_size = state["model.embed_tokens.weight"].shape[0]
+    expected = tiny_model(step, perturb=False, vocab_size=vocab_size).state_dict()
     return state.keys() <= expected.keys() and all(torch.equal(t, expected[k]) for k, t in state.items())
 
 
@@ -66,7 +67,7 @@ def break_the_link(run: Path) -> None:
     (lambda run: flip_a_byte(run / "step-000004" / "model.safetensors"), 2,
      "step-000004 is damaged (model.safetensors is corrupt"),
     (break_the_link, 4, f"{LINK} -> step-000009 does not exist"),
-    (lambda run: (run / "step-000004" / MANIFEST).unlink(), 4, None),  # an older checkpoint: loads, with a note
+    (lambda run: (run / "step-000004" / MANIFEST).unlink(), 4, None),  # as older trainers saved: a note
 ], ids=["corrupt", "broken link", "no manifest"])
 def test_a_run_directory_falls_back_to_its_newest_intact_checkpoint(damage, step, warning, run, capsys):
     damage(run)

@@ -149,7 +149,7 @@ def test_saved_tokenizer_config_names_a_portable_class(tmp_path, tiny_tokenizer_
         save_checkpoint(tmp_path / "run", MiniMindForCausalLM(tiny), tiny_tokenizer, {"step": 1}, keep=1)
         convert(tmp_path / "run", directory := tmp_path / "hf")
     class_name = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))["tokenizer_class"]
-    assert class_name == "PreTrainedTokenizerFast"  # what transformers 4.x (llama.cpp's converter) and 5.x both load
+    assert class_name == "PreTrainedTokenizerFast"  # transformers 4.x (llama.cpp's) and 5.x both load it
     tokenizer = getattr(transformers, class_name).from_pretrained(str(directory))
     # Identical ids: the named class adds nothing to what tokenizer.json alone encodes, and decodes them back.
     raw = Tokenizer.from_file(str(directory / "tokenizer.json"))

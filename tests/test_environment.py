@@ -26,7 +26,7 @@ def test_the_libraries_machine_threads_and_date():
     assert set(env) == KEYS
     assert env["torch"] == torch.__version__ and env["threads"] == torch.get_num_threads()
     assert env["transformers"][0].isdigit() and env["datasets"][0].isdigit()
-    assert env["device"] == env["cpu"] and env["device"] and {k: env[k] for k in ("cpu", "cpu_isa")} == provenance.cpu()
+    assert env["device"] == env["cpu"] and {k: env[k] for k in ("cpu", "cpu_isa")} == provenance.cpu()
     assert set(env["cpu_isa"] or []) <= {"AVX2", "AVX-512", "AMX"}
     date = datetime.fromisoformat(env["date"])
     assert date.utcoffset() == timedelta(0) and abs(datetime.now(timezone.utc) - date) < timedelta(hours=1)

@@ -57,7 +57,7 @@ def test_out_dir_and_checkpoint_dir_load_the_same_model(trained_run):
     b, _ = load(trained_run / "checkpoint")
     assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
     assert not a.training
-    assert eval_llm.display_name(trained_run) == eval_llm.display_name(trained_run / "checkpoint") == "rms-pre"
+    assert eval_llm.display_name(trained_run) == "rms-pre" == eval_llm.display_name(trained_run / "checkpoint")
 
 
 @pytest.mark.parametrize("path", ["trained", "untrained"])
@@ -67,9 +67,10 @@ def test_greedy_equals_model_generate_after_bos(path, trained_run, post_dir):
     assert generate_text(lm, tokenizer, PROMPT, GREEDY) == greedy_by_generate(lm, ids, 16, tokenizer)
 
 
-@pytest.mark.parametrize("sampling", [Sampling(temperature=0, max_new_tokens=24),
-                                      Sampling(temperature=0.9, top_p=0.95, top_k=50, seed=3, max_new_tokens=24)],
-                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize("sampling", [
+    Sampling(temperature=0, max_new_tokens=24),
+    Sampling(temperature=0.9, top_p=0.95, top_k=50, seed=3, max_new_tokens=24),
+], ids=["greedy", "sampled"])
 def test_the_cli_prints_the_seeded_continuation_the_same_with_and_without_the_kv_cache(trained_run, capsys,
                                                                                        sampling):
     lm, tokenizer = load(trained_run)
@@ -79,7 +80,8 @@ def test_the_cli_prints_the_seeded_continuation_the_same_with_and_without_the_kv
         assert generate_text(lm, tokenizer, PROMPT, Sampling(**{**vars(sampling), "seed": 4})) != expected
     flags = [arg for name in ("temperature", "top_p", "top_k", "seed")
              for arg in (f"--{name}", str(getattr(sampling, name)))]
-    argv = ["--device", "cpu", "--model_path", str(trained_run), "--prompt", PROMPT, "--max_new_tokens", "24", *flags]
+    argv = ["--device", "cpu", "--model_path", str(trained_run), "--prompt", PROMPT, "--max_new_tokens", "24",
+            *flags]
     capsys.readouterr()
     for kv_cache in ([], ["--no_kv_cache"]):
         main([*argv, *kv_cache])  # the prompt, then the continuation as it is streamed
@@ -128,8 +130,8 @@ def test_evaluate_split_equals_direct_cross_entropy(trained_run, tiny_corpus):
 
 def test_compare_uses_one_seed_and_leaves_out_a_run_without_a_checkpoint(trained_run, post_dir, tiny_corpus,
                                                                          tmp_path, capsys):
-    """A study's run that diverged before its first save has records but no checkpoint: it is named in a warning
-    and left out, and the others are compared; when none loads, one error line and exit status 2."""
+    """A study's run that diverged before its first save has records but no checkpoint: it is named in a
+    warning and left out, and the others are compared; when none loads, one error line and exit status 2."""
     prompts = [PROMPT, "**ARIEL**  \n"]
     sampled, greedy = Sampling(temperature=1.0, seed=7, max_new_tokens=12), Sampling(temperature=0, max_new_tokens=12)
     results = compare([trained_run, post_dir], prompts, sampled)
@@ -195,7 +197,7 @@ def test_a_model_is_required():
 
 @pytest.mark.parametrize("case", ["missing", "no weights", "tokenizer too big", "tokenizer too small"])
 def test_bad_input_is_one_error_line(case, trained_run, tiny_tokenizer_dir, tmp_path, capsys):
-    """The trainer sizes a MiniMind vocabulary to its tokenizer exactly: any other tokenizer is the wrong one."""
+    """The trainer sizes a MiniMind vocabulary to its tokenizer exactly: any other is the wrong one."""
     MiniMindConfig(**TINY).save_pretrained(tmp_path / "weightless")
     MiniMindForCausalLM(MiniMindConfig(**{**TINY, "vocab_size": 512})).save_pretrained(tmp_path / "vocab512")
     args, expected = {
