@@ -1,6 +1,5 @@
 """A run directory (the trainer's --out_dir): the one run it belongs to, its checkpoints, and resuming that run.
-Its layout and guarantees are in docs/training.md; what older versions of the trainer did not record is filled in
-by the last section alone.
+Its layout and guarantees are in docs/training.md; the last section fills in what older trainers did not record.
 """
 
 import json
@@ -360,6 +359,8 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
 
 # --- compatibility with runs and checkpoints written by older versions of the trainer -----------------------
 # What stands in for each thing a newer trainer records and an older one did not: the behaviour the run had.
+# Two more sit where they are checked: verify loads a checkpoint without a manifest unchecked, and
+# check_resumable compares the data flags of one without a data fingerprint.
 
 
 def implied_by_record(field: str):

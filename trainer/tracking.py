@@ -1,9 +1,6 @@
-"""Where metrics go: always a JSONL file in the run's folder, and Weights & Biases when asked.
-
-wandb's own default mode is never used: with no API key on a terminal it blocks on a login prompt, and with a
-key but no network it retries for 90 s. Here the mode is decided up front (online only with a key), online
-init is bounded, and any failure falls back to offline with one warning line.
-"""
+"""Where metrics go: always a JSONL file in the run's folder, and Weights & Biases when asked. wandb's own default
+mode is never used (a login prompt without an API key, 90 s of retries without a network): it is online only with
+a key, its init is bounded, and any failure falls back to offline with one warning line."""
 
 import contextlib
 import json
@@ -50,12 +47,9 @@ def flatten(record: dict) -> dict:
     'residual_rms': [a, b]} -> {'train/residual_rms/00': a, 'train/residual_rms/01': b}, beside its step."""
     flat = {"step": record["step"]}
     for key, value in record.items():
-        if key in ("step", "split"):
-            continue
-        if isinstance(value, list):
-            flat.update({f"{record['split']}/{key}/{i:02d}": v for i, v in enumerate(value)})
-        else:
-            flat[f"{record['split']}/{key}"] = value
+        if key not in ("step", "split"):
+            chart = f"{record['split']}/{key}"
+            flat.update({f"{chart}/{i:02d}": v for i, v in enumerate(value)} if isinstance(value, list) else {chart: value})
     return flat
 
 
