@@ -1,21 +1,88 @@
-"""Compare two fair studies of the same variants, e.g. under Muon and under AdamW (study/compare.py says how).
+"""Compare two fair studies of the same variants, e.g. under Muon and under AdamW: does the second factor change which
+variant wins, by more than the floor of the machine's rounding?
 
     python scripts/compare_studies.py docs/results/muon/muon docs/results/muon/adamw --labels Muon AdamW
 
 Each folder is one scripts/run_ablation.py --tune_lr wrote (tuning.json, results.json); prints the table in markdown.
 """
 
+import json
+import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.cli import ArgumentParser, UserError, run_cli
-from study.compare import compare
+from study import lr_tuning
+from study.report import markdown_table, mean_std, paired_cells
 
 # A same-seed rerun on another CPU type ends this far from the recorded loss (docs/results/muon.md): a smaller
 # difference may be the machine's rounding rather than the variant.
 DEFAULT_FLOOR = 0.011
+
+
+def chosen_runs(folder: Path) -> dict[str, tuple[float | None, list[dict]]]:
+    """variant -> (the chosen lr, its runs at that lr) of a study folder (one depth)."""
+    rows = json.loads((folder / "results.json").read_text())
+    return {t["variant"]: (t["chosen_lr"], [r for r in rows if r["variant"] == t["variant"] and r["depth"] == t["depth"]
+                                            and r["args"]["learning_rate"] == t["chosen_lr"]])
+            for t in json.loads((folder / "tuning.json").read_text())}
+
+
+def ranks(values: dict[str, float]) -> dict[str, float]:
+    """1 for the lowest value; tied values share the mean of their places."""
+    ordered = sorted(values.values())
+    return {name: statistics.mean(i + 1 for i, v in enumerate(ordered) if v == value) for name, value in values.items()}
+
+
+def spearman(a: dict[str, float], b: dict[str, float]) -> float | None:
+    """Spearman's rank correlation of two scores over their common keys (None below 3 of them)."""
+    common = sorted(a.keys() & b.keys())
+    if len(common) < 3:
+        return None
+    ra, rb = ranks({k: a[k] for k in common}), ranks({k: b[k] for k in common})
+    return statistics.correlation([ra[k] for k in common], [rb[k] for k in common])
+
+
+def compare(a: Path, b: Path, labels: tuple[str, str], baseline: str, floor: float) -> str:
+    """The comparison as markdown: per variant each study's choice, the paired difference between the studies and
+    each one's paired Δ against the baseline; then the rank correlation of the Δ orderings and the pairs that swap."""
+    studies = chosen_runs(a), chosen_runs(b)
+    variants = [v for v in studies[0] if v in studies[1]]
+    deltas: tuple[dict, dict] = ({}, {})
+    resolved: tuple[dict, dict] = ({}, {})
+    rows = []
+    for variant in variants:
+        cells = []
+        for lr, runs in (study[variant] for study in studies):
+            ok = [r["val_loss"] for r in runs if not r["diverged"] and not r.get("plateaued")]
+            loss = mean_std(ok) if ok else "plateau" if runs or lr is None else "—"
+            cells.append(f"{lr:g}, {loss}" if lr else loss)
+        cells += paired_cells(*lr_tuning.paired_runs(studies[0][variant][1], studies[1][variant][1]))
+        for study, delta, clear in zip(studies, deltas, resolved, strict=True):
+            if variant == baseline or baseline not in study:
+                cells.append("—")
+                continue
+            d, left_out, unrecorded = lr_tuning.paired_runs(study[variant][1], study[baseline][1])
+            if d.mean is not None:
+                delta[variant] = d.mean
+                clear[variant] = abs(d.mean) > floor and d.agreeing == len(d.differences) > 1
+            cells.append(paired_cells(d, left_out, unrecorded)[0])
+        rows.append([variant, *cells])
+    rho = spearman(*deltas)
+    swaps = [f"{x} / {y}" for i, x in enumerate(variants) for y in variants[i + 1:]
+             if all(v in d for d in deltas for v in (x, y))
+             and (deltas[0][x] - deltas[0][y]) * (deltas[1][x] - deltas[1][y]) < 0]
+    cleared = [s for s in swaps if all(clear[v] for clear in resolved for v in s.split(" / "))]
+    head = ["variant", *(f"{label}: lr, loss" for label in labels), f"{labels[0]} − {labels[1]} (paired)",
+            "seeds agreeing", *(f"Δ vs {baseline}, {label}" for label in labels)]
+    return "\n".join([markdown_table(head, rows), "",
+                      f"Rank correlation (Spearman) of the Δ vs {baseline} orderings, over the "
+                      f"{len(deltas[0].keys() & deltas[1].keys())} variants both studies resolve: "
+                      + ("—" if rho is None else f"{rho:+.2f}") + ".",
+                      f"Pairs whose order swaps: {', '.join(swaps) or 'none'}; of them, with every Δ beyond the floor "
+                      f"({floor:g} nats) and all seeds agreeing in both studies: {', '.join(cleared) or 'none'}."])
 
 
 def main(argv: list[str] | None = None) -> None:

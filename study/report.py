@@ -15,11 +15,9 @@ from trainer.tracking import read_metrics
 
 
 def mean_std(values: list[float]) -> str:
-    if not values:
-        return "—"
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+    if len(values) > 1:
+        return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+    return f"{values[0]:.3f}" if values else "—"
 
 
 def speed(runs: list[dict]) -> tuple[str, str]:

@@ -132,15 +132,13 @@ class StudyInterrupted(Exception):
     """A run stopped on a signal; the same command continues the study where it stopped."""
 
 
-# One run of a study: (variant, depth, lr, warmup, seed).
-Run = tuple[str, int, float, int, int]
+Run = tuple[str, int, float, int, int]  # (variant, depth, lr, warmup, seed)
 
 
 @dataclass
 class Plan:
-    """Where a study stands, from its finished runs: those that can train now, in the order they go out, each with
-    its job (trainer/args.py WANDB_JOBS); the groups of finished runs the report compares; and with --tune_lr the
-    choice of every (variant, depth) made so far."""
+    """Where a study stands: the runs that can train now, in order, each with its job (trainer/args.py WANDB_JOBS);
+    the groups of finished runs the report compares; with --tune_lr every (variant, depth)'s choice so far."""
     pending: dict[Run, str]
     groups: dict[tuple, list[dict]]
     tuning: list[dict] | None = None
@@ -243,8 +241,8 @@ def train_study(study, base, worker: Worker) -> Plan:
 
 
 def tokenize_once(base, claims: Path) -> None:
-    """Under torchrun with --parallel runs: the corpus is tokenized by the first rank of each machine to get here
-    (into the machine's token cache), while the others wait, then read its cache."""
+    """Under torchrun with --parallel runs: the first rank of each machine to get here tokenizes the corpus into the
+    machine's token cache while the others wait for it."""
     with waiting_claim(claims / f"tokenizing-{socket.gethostname()}.lock", base.dist_timeout,
                        "to tokenize the corpus"):
         token_splits(base)

@@ -1,4 +1,4 @@
-"""study/compare.py and scripts/compare_studies.py: two studies side by side, paired per seed on one CPU type."""
+"""scripts/compare_studies.py: two studies side by side, paired per seed on one CPU type."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 
 from common.cli import run_cli
 from scripts import compare_studies
-from study.compare import compare, spearman
+from scripts.compare_studies import compare, spearman
 
 XEON = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_isa": "AMX"}
 EPYC = {"cpu": "AMD EPYC", "cpu_isa": "AVX2"}
