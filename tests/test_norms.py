@@ -9,13 +9,12 @@ from model import MiniMindConfig, MiniMindForCausalLM
 from model.norms import RMSNorm, make_norm
 from tests.tiny import TINY, ids, tiny_model
 
-GAINS = ["w", "one_plus_w"]
 HIDDEN = TINY["hidden_size"]
 
 
 def norm_of(norm_type="rmsnorm", norm_gain="w", randomize=True) -> torch.nn.Module:
-    """An attention-input norm of the type; randomized: every parameter drawn at random (scalars around 1), so
-    that a misplaced or ignored one would show."""
+    """An attention-input norm of the type, in training mode; randomized: every parameter drawn at random
+    (scalars around 1), so that a misplaced or ignored one would show."""
     norm = make_norm(MiniMindConfig(**TINY, norm_type=norm_type, norm_gain=norm_gain), "attn")
     if randomize:
         with torch.no_grad():
@@ -24,70 +23,63 @@ def norm_of(norm_type="rmsnorm", norm_gain="w", randomize=True) -> torch.nn.Modu
     return norm
 
 
-def gain(norm, norm_gain):
-    return 1 + norm.weight if norm_gain == "one_plus_w" else norm.weight
-
-
 def rms(x, eps=1e-5):
     return torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def test_rmsnorm_is_torchs_and_keeps_float32_statistics_for_bf16():
-    torch.manual_seed(0)
+def standardized(x, dims):
+    return (x - x.mean(dims, keepdim=True)) / torch.sqrt(x.var(dims, unbiased=False, keepdim=True) + 1e-5)
+
+
+# norm type -> its paper's formula of the input x, the norm n and its gain g (n.weight, or 1 + n.weight)
+FORMULAS = {
+    "rmsnorm": lambda x, n, g: x / rms(x) * g,  # Zhang & Sennrich 2019
+    "ssnorm": lambda x, n, g: x / rms(x) * g,  # OSP, Park et al. 2025: g one scalar
+    "layernorm": lambda x, n, g: standardized(x, -1) * g + n.bias,
+    "dyt": lambda x, n, g: g * torch.tanh(n.alpha * x) + n.bias,  # Zhu et al. 2025: alpha one scalar
+    "derf": lambda x, n, g: g * torch.erf(n.alpha * x + n.shift) + n.bias,  # Chen et al. 2025
+    # Cai et al. 2025: x . beta one number per token; alpha, beta and g vectors
+    "seednorm": lambda x, n, g: (torch.tanh((x * n.beta).sum(-1, keepdim=True)) * n.alpha + g) * x / rms(x),
+    "batchnorm": lambda x, n, g: standardized(x, (0, 1)) * g + n.bias,  # training: statistics over the batch
+}
+SCALARS = {("dyt", "alpha"), ("derf", "alpha"), ("ssnorm", "weight")}
+
+
+@pytest.mark.parametrize("norm_gain", ["w", "one_plus_w"])
+@pytest.mark.parametrize("norm_type", FORMULAS)
+def test_every_norm_is_its_papers_formula(norm_type, norm_gain):
+    norm = norm_of(norm_type, norm_gain)
+    for name, p in norm.named_parameters():  # one scalar alpha (DyT, Derf) or gain (SSNorm); the rest per channel
+        assert p.shape == ((1,) if (norm_type, name) in SCALARS else (HIDDEN,)), name
+    x = torch.randn(2, 5, HIDDEN) * 3
+    if norm_type == "seednorm":
+        with torch.no_grad():
+            norm.beta.mul_(0.2)  # x . beta of order 1, where tanh is neither linear nor saturated
+        assert (x * norm.beta).sum(-1).abs().max() > 0.5  # the dynamic term matters here
+    gain = 1 + norm.weight if norm_gain == "one_plus_w" else norm.weight
+    torch.testing.assert_close(norm(x), FORMULAS[norm_type](x, norm, gain), atol=1e-6, rtol=1e-6)
+
+
+def test_rmsnorm_keeps_float32_statistics_for_bf16():
+    """A bf16 model: statistics in fp32 inside, bf16 out, within bf16 rounding of the fp32 result."""
     x = torch.randn(4, 7, HIDDEN) * 3
     norm = RMSNorm(HIDDEN, eps=1e-5)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
     ref = F.rms_norm(x, (HIDDEN,), norm.weight, eps=1e-5)
-    assert (norm(x) - ref).abs().max().item() <= 1e-6
-    # a bf16 model: statistics in fp32 inside, bf16 out, within bf16 rounding of the fp32 result
     bf16 = norm.to(torch.bfloat16)(x.bfloat16())
     assert bf16.dtype == torch.bfloat16
     torch.testing.assert_close(bf16.float(), ref, atol=0.05, rtol=0.02)
 
 
-def test_ssnorm_has_one_gain_and_equals_rmsnorm_at_init():
-    """Single-scale RMSNorm (OSP, Park et al. 2025): x / RMS(x) * g with one scalar g."""
-    norm, plain = norm_of("ssnorm", randomize=False), norm_of("rmsnorm", randomize=False)
-    assert sum(p.numel() for p in norm.parameters()) == 1
-    x = torch.randn(3, 7, HIDDEN)
-    assert torch.equal(norm(x), plain(x))
-    with torch.no_grad():
-        norm.weight.fill_(2.5)
-    torch.testing.assert_close(norm(x), 2.5 * plain(x))
-
-
-@pytest.mark.parametrize("norm_gain", GAINS)
-def test_derf_is_its_formula(norm_gain):
-    """Derf(x) = gamma * erf(alpha * x + s) + beta (Chen et al. 2025): alpha a scalar; s, gamma, beta per channel."""
-    norm = norm_of("derf", norm_gain)
-    assert (norm.alpha.shape, norm.shift.shape, norm.weight.shape, norm.bias.shape) == ((1,), *[(HIDDEN,)] * 3)
-    x = torch.randn(2, 5, HIDDEN) * 3
-    expected = gain(norm, norm_gain) * torch.erf(norm.alpha * x + norm.shift) + norm.bias
-    torch.testing.assert_close(norm(x), expected, atol=1e-6, rtol=1e-6)
-
-
-@pytest.mark.parametrize("norm_gain", GAINS)
-def test_seednorm_is_its_formula(norm_gain):
-    """SeeDNorm(x) = [tanh(x . beta) * alpha + gamma] * x / RMS(x) (Cai et al. 2025): x . beta one number per
-    token, alpha, beta and gamma vectors, RMS(x) = sqrt(mean(x^2) + eps)."""
-    norm = norm_of("seednorm", norm_gain)
-    with torch.no_grad():
-        norm.beta.mul_(0.2)  # x . beta of order 1, where tanh is neither linear nor saturated
-    x = torch.randn(2, 5, HIDDEN) * 3
-    dot = (x * norm.beta).sum(-1, keepdim=True)
-    assert dot.abs().max() > 0.5  # the dynamic term matters here
-    expected = (torch.tanh(dot) * norm.alpha + gain(norm, norm_gain)) * x / rms(x)
-    torch.testing.assert_close(norm(x), expected, atol=1e-5, rtol=1e-5)
-
-
-def test_seednorm_starts_as_rmsnorm_and_learns_its_dynamic_gain():
-    norm, plain = norm_of("seednorm", randomize=False), norm_of("rmsnorm", randomize=False)
-    assert torch.all(norm.alpha == 1) and torch.all(norm.beta == 0) and torch.all(norm.weight == 1)
+@pytest.mark.parametrize("norm_type", ["ssnorm", "seednorm"])
+def test_ssnorm_and_seednorm_start_as_rmsnorm_exactly_and_seednorm_learns_its_dynamic_gain(norm_type):
+    norm, plain = norm_of(norm_type, randomize=False), norm_of("rmsnorm", randomize=False)
     x = torch.randn(4, 7, HIDDEN)
     assert torch.equal(norm(x), plain(x))
-    (norm(x) * torch.randn_like(x)).sum().backward()
-    assert norm.beta.grad.abs().max() > 0  # so tanh(x . beta) leaves 0 at the first step, and alpha then learns
+    if norm_type == "seednorm":  # beta = 0 makes tanh(x . beta) = 0; alpha = 1 gives beta a gradient
+        (norm(x) * torch.randn_like(x)).sum().backward()
+        assert norm.beta.grad.abs().max() > 0
 
 
 def test_one_plus_w_computes_in_float32_and_casts_last():
@@ -115,7 +107,6 @@ def test_dyt_and_derf_take_the_papers_alpha_per_position(norm_type):
     assert [m.alpha.item() for m in plain.modules() if hasattr(m, "alpha")] == pytest.approx([0.3] * 9)
     if norm_type == "derf":
         norm = MiniMindForCausalLM(MiniMindConfig(**TINY, norm_type="derf")).model.layers[1].input_layernorm
-        assert torch.all(norm.shift == 0) and torch.all(norm.weight == 1) and torch.all(norm.bias == 0)
         x = torch.randn(3, HIDDEN)
         assert torch.equal(norm(x), torch.erf(0.5 * x))
 
