@@ -30,8 +30,8 @@ from data import (
     shakespeare_plays,
     tokenizer_fingerprint,
 )
-from model import MiniMindConfig, MiniMindForCausalLM
 from scripts.convert_to_hf import convert
+from tests.tiny import tiny_model
 from trainer.run_dir import save_checkpoint
 
 EOT = "<|endoftext|>"
@@ -40,9 +40,6 @@ EOT = "<|endoftext|>"
 def write_jsonl(path: Path, records) -> str:
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return str(path)
-
-
-# --- corpus ---------------------------------------------------------------------------------------
 
 
 def test_embedded_corpus_splits_by_play():
@@ -112,10 +109,7 @@ def test_hub_dataset_uses_its_validation_split(monkeypatch):
     assert list(load_texts("owner/stories", "validation", text_field="story")["text"]) == ["t0"]
 
 
-# --- tokenizer ------------------------------------------------------------------------------------
-
-
-def test_shipped_tokenizer():
+def test_shipped_tokenizer(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(str(DEFAULT_TOKENIZER_DIR))
     assert len(tokenizer) == 6400
     assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
@@ -126,13 +120,14 @@ def test_shipped_tokenizer():
         assert ids[0] != tokenizer.bos_token_id  # nothing is prepended
         assert tokenizer.decode(ids) == text
     assert load_tokenizer().backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
+    packed = prepare_split(None, "validation", load_tokenizer(), cache_dir=tmp_path)  # the held-out plays
+    assert packed.num_bytes == 292_860 and packed.num_docs == 2 and 2.5 < packed.bytes_per_token < 4
 
 
 @pytest.mark.parametrize("writer", ["shipped", "save_tokenizer", "extra_special_tokens", "checkpoint", "hf_export"])
 def test_saved_tokenizer_config_names_a_portable_class(tmp_path, tiny_tokenizer_dir, tiny_tokenizer, tiny_texts,
                                                        writer):
-    tiny = MiniMindConfig(vocab_size=len(tiny_tokenizer), hidden_size=32, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
+    model = tiny_model(perturb=False, vocab_size=len(tiny_tokenizer))
     if writer == "shipped":
         directory = DEFAULT_TOKENIZER_DIR
     elif writer == "save_tokenizer":
@@ -144,9 +139,9 @@ def test_saved_tokenizer_config_names_a_portable_class(tmp_path, tiny_tokenizer_
         config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
         assert "extra_special_tokens" not in config and len(config["additional_special_tokens"]) == 2
     elif writer == "checkpoint":
-        directory = save_checkpoint(tmp_path / "run", MiniMindForCausalLM(tiny), tiny_tokenizer, {"step": 1}, keep=1)
+        directory = save_checkpoint(tmp_path / "run", model, tiny_tokenizer, {"step": 1}, keep=1)
     else:
-        save_checkpoint(tmp_path / "run", MiniMindForCausalLM(tiny), tiny_tokenizer, {"step": 1}, keep=1)
+        save_checkpoint(tmp_path / "run", model, tiny_tokenizer, {"step": 1}, keep=1)
         convert(tmp_path / "run", directory := tmp_path / "hf")
     class_name = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))["tokenizer_class"]
     assert class_name == "PreTrainedTokenizerFast"  # transformers 4.x (llama.cpp's) and 5.x both load it
@@ -157,9 +152,6 @@ def test_saved_tokenizer_config_names_a_portable_class(tmp_path, tiny_tokenizer_
         ids = tokenizer(text)["input_ids"]
         assert ids == raw.encode(text).ids and tokenizer.decode(ids) == text
     assert tokenizer.eos_token == EOT
-
-
-# --- packed token stream ----------------------------------------------------------------------
 
 
 def test_packed_stream_round_trips(tmp_path, tiny_corpus, tiny_tokenizer):
@@ -177,22 +169,25 @@ def test_packed_stream_round_trips(tmp_path, tiny_corpus, tiny_tokenizer):
     assert np.array_equal(single.tokens, packed.tokens) and np.array_equal(streamed.tokens, packed.tokens)
 
 
-def test_embedded_validation_with_shipped_tokenizer(tmp_path):
-    packed = prepare_split(None, "validation", load_tokenizer(), cache_dir=tmp_path)
-    assert packed.num_bytes == 292_860 and packed.num_docs == 2
-    assert 2.5 < packed.bytes_per_token < 4
-
-
-def test_cache_is_reused_and_invalidated(tmp_path, monkeypatch, tiny_corpus, tiny_tokenizer_dir):
+def test_cache_is_reused_invalidated_and_rebuilt_when_half_written(tmp_path, monkeypatch, tiny_corpus,
+                                                                    tiny_tokenizer_dir):
     tokenizer = load_tokenizer(tiny_tokenizer_dir)
     first = prepare_split(tiny_corpus, "validation", tokenizer, cache_dir=tmp_path)
+    expected = np.array(first.tokens)
     with monkeypatch.context() as patch:
         patch.setattr(data.token_stream, "load_texts", lambda *args: pytest.fail("re-tokenized a cached split"))
         again = prepare_split(tiny_corpus, "validation", tokenizer, cache_dir=tmp_path)
-    assert again.path == first.path and np.array_equal(again.tokens, first.tokens)
+    assert again.path == first.path and np.array_equal(again.tokens, expected)
+    # A crash mid-write leaves a temp file; one before the metadata, a token file with no .json.
+    stale = first.path.with_name(first.path.name + ".crashed.tmp")
+    stale.write_bytes(b"\xff" * 10)
+    first.path.with_suffix(".json").unlink()
+    first.path.write_bytes(b"\xff" * 6)
     # MINIMIND_CACHE is the default cache dir.
     monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path))
-    assert prepare_split(tiny_corpus, "validation", tokenizer).path == first.path
+    rebuilt = prepare_split(tiny_corpus, "validation", tokenizer)
+    assert rebuilt.path == first.path and np.array_equal(rebuilt.tokens, expected)
+    assert stale.read_bytes() == b"\xff" * 10  # never read nor overwritten
     # A changed tokenizer, or an edited source file, gets a new entry.
     fingerprint = tokenizer_fingerprint(tokenizer)
     tokenizer.add_tokens(["Prospero"])
@@ -200,22 +195,6 @@ def test_cache_is_reused_and_invalidated(tmp_path, monkeypatch, tiny_corpus, tin
     assert prepare_split(tiny_corpus, "validation", tokenizer).path != first.path
     os.utime(tiny_corpus, ns=(time.time_ns(), time.time_ns() + 10**9))
     assert prepare_split(tiny_corpus, "validation", load_tokenizer(tiny_tokenizer_dir)).path != first.path
-
-
-def test_half_written_cache_is_ignored(tmp_path, tiny_corpus, tiny_tokenizer):
-    packed = prepare_split(tiny_corpus, "validation", tiny_tokenizer, cache_dir=tmp_path)
-    expected = np.array(packed.tokens)
-    # A crash mid-write leaves a temp file; one before the metadata, a token file with no .json.
-    stale = packed.path.with_name(packed.path.name + ".crashed.tmp")
-    stale.write_bytes(b"\xff" * 10)
-    packed.path.with_suffix(".json").unlink()
-    packed.path.write_bytes(b"\xff" * 6)
-    again = prepare_split(tiny_corpus, "validation", tiny_tokenizer, cache_dir=tmp_path)
-    assert np.array_equal(again.tokens, expected)
-    assert stale.read_bytes() == b"\xff" * 10  # never read nor overwritten
-
-
-# --- batches --------------------------------------------------------------------------------------
 
 
 def test_random_batches_are_shifted_windows_different_per_rank_and_reproducible():
@@ -257,9 +236,6 @@ def test_split_shorter_than_a_window():
 
 def test_bits_per_byte():
     assert bits_per_byte(3 * math.log(2), 3.0) == pytest.approx(1.0)
-
-
-# --- bad input ------------------------------------------------------------------------------------
 
 
 def test_bad_sources(tmp_path):
