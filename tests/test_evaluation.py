@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from data import BatchSampler
-from model import MiniMindConfig, MiniMindForCausalLM
 from trainer.evaluation import evaluate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,6 +44,13 @@ dist.destroy_process_group()
 """
 
 
+def setup() -> tuple:
+    """SETUP's model and tokens, in this process."""
+    scope = {}
+    exec(SETUP, scope)
+    return scope["model"], scope["tokens"]
+
+
 @pytest.mark.slow  # two processes start and import torch: ~10-30 s
 def test_sharded_evaluation_matches_one_process(tmp_path):
     probe = tmp_path / "probe.py"
@@ -55,40 +61,27 @@ def test_sharded_evaluation_matches_one_process(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"rank{i}.json").read_text()) for i in (0, 1))
     assert r0 == r1  # all-reduced: every rank returns the same number
-
-    scope = {}
-    exec(SETUP, scope)  # the same model and tokens, in this one process
+    model, tokens = setup()
     for name, steps in CASES.items():
-        alone = evaluate(scope["model"], scope["tokens"], 4, 16, steps, "cpu", nullcontext())
+        alone = evaluate(model, tokens, 4, 16, steps, "cpu", nullcontext())
         # the same windows in other batches: equal up to the float32 rounding of the batched matmuls
         assert r0[name] == pytest.approx(alone, rel=1e-6), name
     assert len({round(v, 4) for v in r0.values()}) == 3  # the three cases evaluate different text
 
 
 def test_evaluation_weights_a_short_last_batch_by_its_windows():
-    torch.manual_seed(0)
-    model = MiniMindForCausalLM(MiniMindConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
-                                               num_attention_heads=2, num_key_value_heads=1))
-    tokens = np.random.default_rng(1).integers(0, 64, size=5 * 16 + 1).astype(np.uint16)
+    model, tokens = setup()  # 23 windows: batches of 4, 4, 4, 4, 4 and 3
     per_window = [evaluate(model, tokens[16 * k : 16 * (k + 1) + 1], 1, 16, None, "cpu", nullcontext())
-                  for k in range(5)]
+                  for k in range(23)]
     assert evaluate(model, tokens, 4, 16, None, "cpu", nullcontext()) == pytest.approx(np.mean(per_window),
                                                                                         rel=1e-6)
 
 
-@pytest.mark.parametrize("steps", [None, 2], ids=["whole split", "two steps"])
-def test_loss_from_logits_equals_the_models_own_loss(steps):
+def test_loss_from_logits_equals_the_models_own_loss():
     """evaluate() computes the loss from the logits (so every exported family works); for MiniMind it is the
     very number the model's own shift_labels loss gives, bit for bit."""
-    scope = {}
-    exec(SETUP, scope)
-    model, tokens = scope["model"].eval(), scope["tokens"]
-    sampler = BatchSampler(tokens, 4, 16, sequential=True)
-    windows = sampler.num_windows if steps is None else steps * 4
-    total = torch.zeros((), dtype=torch.float64)
+    model, tokens = setup()
+    x, y = next(BatchSampler(tokens, 4, 16, sequential=True))
     with torch.no_grad():
-        for start in range(0, windows, 4):
-            rows = min(4, windows - start)
-            x, y = (t[:rows] for t in next(sampler))
-            total += model(input_ids=x, shift_labels=y).loss.double() * rows
-    assert evaluate(model, tokens, 4, 16, steps, "cpu", nullcontext()) == total.item() / windows
+        own = model.eval()(input_ids=x, shift_labels=y).loss.double().item()
+    assert evaluate(model, tokens, 4, 16, 1, "cpu", nullcontext()) == own

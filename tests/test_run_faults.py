@@ -153,7 +153,7 @@ def test_an_update_that_made_weights_non_finite_is_never_saved(flags, monkeypatc
     argv = flags("--max_steps", 6, "--save_interval", 2)
     message = refusal(argv)
     assert message.startswith("the loss, gradient or weights became non-finite at step 4;")
-    assert "last checkpoint (step-000002) is kept" in message and "--resume" in message
+    assert "last checkpoint (step-000002) is kept" in message and "--resume" in message and "learning_rate" in message
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["diverged"] and summary["step"] == 3
     assert [p.name for p in find_checkpoints(summary["out_dir"])] == ["step-000002"]
