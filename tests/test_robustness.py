@@ -119,7 +119,7 @@ def test_a_second_trainer_refuses_at_once_and_a_crashed_trainers_lock_is_stale(t
         assert locked
 
 
-@pytest.mark.parametrize("killed_trainers_lock", [False, True])
+@pytest.mark.parametrize("killed_trainers_lock", [False, True], ids=["new folder", "a killed trainer's lock"])
 def test_a_failed_run_releases_its_lock_and_leaves_no_directory(killed_trainers_lock, tmp_path, run):
     out = tmp_path / "new" / "run"
     if killed_trainers_lock:  # all a trainer killed before its first write (out of memory, say) leaves
@@ -399,7 +399,7 @@ def test_non_string_text_names_file_and_record(tmp_path):
     ("--hidden_size", 131072, r"--hidden_size 131072 x --num_hidden_layers 2 makes a model of [\d,]+ parameters, "
      r"whose weights, gradients and AdamW moments need [\d,]+\.\d GiB, but cpu has 1\.0 GiB available; lower "
      r"--hidden_size or --num_hidden_layers"),  # some 190 billion parameters in each block
-])
+], ids=["batch", "model"])
 def test_what_cannot_fit_is_refused_before_allocation(flag, value, refusal, tmp_path, run, monkeypatch):
     monkeypatch.setattr(trainer.memory, "available_memory_bytes", lambda device: 2**30)
     with pytest.raises(UserError) as err:
