@@ -190,11 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     print_results(rows, args.device)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
+        model_paths = {d: implementation_for(args.device, DTYPES[d]) for d in dtypes}
         config = {k: v for k, v in vars(args).items() if k != "json"} | {
-            "torch": torch.__version__,
-            "device_name": device_name,
-            "model_paths": {d: implementation_for(args.device, DTYPES[d]) for d in dtypes},
-        }
+            "torch": torch.__version__, "device_name": device_name, "model_paths": model_paths}
         payload = {"environment": environment(args.device), "config": config, "results": rows}
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
