@@ -60,14 +60,10 @@ from trainer.tracking import Tracker, read_metrics
 
 def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
     """The architecture the flags ask for; checked before any data is touched, so a bad flag fails at once."""
-    config = MiniMindConfig(
-        **arch_fields(args, device),
-        vocab_size=len(tokenizer),
-        max_position_embeddings=args.max_seq_len,  # the context it is trained for; eval_llm.py respects it
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
+    # max_position_embeddings: the context it is trained for, which eval_llm.py respects
+    config = MiniMindConfig(**arch_fields(args, device), vocab_size=len(tokenizer),
+                            max_position_embeddings=args.max_seq_len, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id)
     require_model_fits(config, device)  # before any weight is allocated (or a run directory claimed)
     return config
 
@@ -357,8 +353,7 @@ def open_tracking(job: Job, splits: Splits, state: TrainState, costs: Accounting
 
 
 def save(job: Job, splits: Splits, state: TrainState, tracker: Tracker | None) -> None:
-    """A checkpoint of the run at state.step (on every rank, since each sends its sampler's position and its
-    share of the window's loss)."""
+    """A checkpoint at state.step; called on every rank, each sending its sampler's position and window loss."""
     own = (state.sampler.state_dict(), state.window.loss.item())
     ranks = [own] * job.world_size  # every rank's, so that each draws its own batches after a resume
     if job.world_size > 1:
@@ -375,8 +370,7 @@ def save(job: Job, splits: Splits, state: TrainState, tracker: Tracker | None) -
 
 
 def run_eval(job: Job, splits: Splits, state: TrainState, costs: Accounting, tracker: Tracker | None) -> dict:
-    """On every rank, each evaluating its share of the windows; rank 0 logs the all-reduced loss and prints it
-    in one line above the progress bar."""
+    """On every rank, each evaluating its share; rank 0 logs the loss and prints it above the progress bar."""
     args = job.args
     loss = evaluate(state.raw_model, splits.val.tokens, args.batch_size, args.max_seq_len, args.eval_steps,
                     job.device, job.mixed_precision, rank=job.rank, world_size=job.world_size)
@@ -533,8 +527,8 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
 
 
 def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting, tracker: Tracker | None) -> dict:
-    """Every rank returns the outcome (the same on all, it was all-reduced); rank 0 adds the numbers, writes them
-    to summary.json and plots the layer profiles."""
+    """Every rank returns the outcome (all-reduced, so the same on all); rank 0 adds the numbers, writes them to
+    summary.json and plots the layer profiles."""
     args, out_dir, cfg, step, train_time = job.args, job.out_dir, state.raw_model.config, state.step, state.train_time
     timed = max(step - state.untimed_steps, 0)  # (a run that diverged in its first step has none)
     summary = {"step": step, "max_steps": args.max_steps, "diverged": state.diverged, "divergence": state.divergence,
