@@ -60,27 +60,22 @@ def test_git_is_optional(tmp_path, monkeypatch):
     assert env["git_commit"] is None and env["git_dirty"] is None and env["torch"] == torch.__version__
 
 
-@pytest.fixture
-def affinity():
-    """Set this process's CPU affinity for a test; restored after it."""
-    before = os.sched_getaffinity(0)
-    yield lambda cores: os.sched_setaffinity(0, set(sorted(before)[:cores]))
-    os.sched_setaffinity(0, before)
-
-
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs CPU affinity masks and two cores to restrict")
-def test_tokenizing_uses_the_cores_the_process_may_use(affinity, tmp_path, tiny_corpus, tiny_tokenizer, capsys,
-                                                       monkeypatch):
+def test_tokenizing_uses_the_cores_the_process_may_use(tmp_path, tiny_corpus, tiny_tokenizer, capsys, monkeypatch):
     monkeypatch.setattr(datasets.fingerprint, "_CACHING_ENABLED", False)  # else a map done before is not redone
-    for cores, cache in ((1, "one"), (2, "two")):
-        affinity(cores)
-        assert usable_cores() == cores
-        prepare_split(tiny_corpus, "train", tiny_tokenizer, cache_dir=tmp_path / cache)
-        # datasets names its worker count in the progress bar when it starts more than one
-        assert ("num_proc=2" in capsys.readouterr().err) == (cores == 2)
-    prepare_split(tiny_corpus, "train", tiny_tokenizer, cache_dir=tmp_path / "flag", num_proc=1)  # the flag wins
-    assert "num_proc=" not in capsys.readouterr().err
+    before = os.sched_getaffinity(0)
+    try:
+        for cores in (1, 2):
+            os.sched_setaffinity(0, set(sorted(before)[:cores]))
+            assert usable_cores() == cores
+            prepare_split(tiny_corpus, "train", tiny_tokenizer, cache_dir=tmp_path / str(cores))
+            # datasets names its worker count in the progress bar when it starts more than one
+            assert ("num_proc=2" in capsys.readouterr().err) == (cores == 2)
+        prepare_split(tiny_corpus, "train", tiny_tokenizer, cache_dir=tmp_path / "flag", num_proc=1)  # the flag wins
+        assert "num_proc=" not in capsys.readouterr().err
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 @pytest.mark.parametrize("cpuinfo, model, isa", [
