@@ -1,6 +1,5 @@
 """model/hf_export.py: a config no Hugging Face family computes exactly is refused in one line naming what stands in
-the way, and the Gemma 2 export carries the logit soft-cap. test_variants.py exports every exportable variant of
-the catalogue through scripts/convert_to_hf.py and compares the logits."""
+the way, and the Gemma 2 export carries the logit soft-cap (test_variants.py exports the catalogue's variants)."""
 
 import pytest
 import torch

@@ -1,9 +1,5 @@
 """The property matrix: every variant of the catalogue (study/variants.py: each name that makes a model) through the
-properties every model must keep. Generation with the KV cache equals generation without it and an argmax loop of
-full forwards; save and load give the same function; a bf16-autocast forward is finite, close to float32's, and
-trains; a later token never changes an earlier logit; the exportable variants export to the same logits; and the
-checkpoints of the first release still load with the logits they gave then. A variant joins by being in the
-catalogue; what one component alone does is tested in that component's file (tests/README.md)."""
+properties every model must keep (the list: tests/README.md). A variant joins by being in the catalogue."""
 
 import copy
 import json

@@ -1,6 +1,5 @@
-"""The tiny model the model-level tests share: its config, an instance with every weight moved off its initial value,
-the config fields of a placement, token ids; the checkpoints saved by the first release and how their logits are
-compared. The training tests' tiny model is a set of trainer flags, in conftest.py."""
+"""The tiny model the model-level tests share, the config fields of a placement, token ids, and the first
+release's checkpoints with how their logits are compared. The training tests' tiny model is in conftest.py."""
 
 from pathlib import Path
 
@@ -25,16 +24,14 @@ def tiny_model(seed=0, perturb=True, **overrides) -> MiniMindForCausalLM:
 
 
 def with_weights_of(source: MiniMindForCausalLM, **overrides) -> MiniMindForCausalLM:
-    """A model of another config (TINY with overrides) holding source's weights, strictly: the same names and
-    shapes."""
+    """A model of another config (TINY with overrides) holding source's weights, strictly: same names and shapes."""
     target = MiniMindForCausalLM(MiniMindConfig(**{**TINY, **overrides})).eval()
     target.load_state_dict(source.state_dict())
     return target
 
 
 def placed(position, **overrides) -> dict:
-    """Config fields for a placement; HybridNorm's placements come with the per-head q, k and v norms they
-    require."""
+    """Config fields for a placement, HybridNorm's with the per-head q, k and v norms they require."""
     qkv = {"qk_norm": "head", "v_norm": "head"} if position in QKV_PLACEMENTS else {}
     return {"norm_position": position, **overrides, **qkv}
 
