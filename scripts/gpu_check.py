@@ -22,6 +22,7 @@ import torch
 
 from common.cli import ArgumentParser, UserError, run_cli
 from trainer.args import DEVICE_DEFAULTS, build_parser
+from trainer.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -45,8 +46,7 @@ def pretrain_numbers(run_dir: Path):
         if not summary_file.is_file():
             return {}
         summary = json.loads(summary_file.read_text())
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-        train = [r for r in records if r["split"] == "train"]
+        train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["split"] == "train"]
         keys = ("step", "tokens_per_s", "s_per_step", "train_time_s", "compile_time_s", "train_loss", "val_loss",
                 "val_bpb", "num_params")
         return {**{k: summary.get(k) for k in keys},
