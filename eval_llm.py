@@ -9,8 +9,10 @@ A model directory is the trainer's --out_dir (its `checkpoint` link is followed,
 intact checkpoint with a warning: docs/training.md), a checkpoint folder, or any directory that
 AutoModelForCausalLM loads, e.g. a Llama, Qwen3 or OLMo 2 model written by scripts/convert_to_hf.py; the
 tokenizer is its own unless --tokenizer_path is given. Each prompt is encoded after the tokenizer's bos token
-(this repo's document separator), as every training document started after one. With --eval_data and no
---prompt a single model is only evaluated; --compare always generates.
+(this repo's document separator), as every training document started after one; bytes of a prompt that are not
+UTF-8 are read as U+FFFD, with a warning. With --eval_data and no --prompt a single model is only evaluated;
+--compare always generates. The loss comes from the model's logits, so every exported family is measured the
+same way; a perplexity too large for a float (a diverged model) prints as inf.
 """
 
 import argparse
@@ -238,13 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description=__doc__)
     p.add_argument("--model_path", help="the trainer's --out_dir, a checkpoint folder, or any AutoModelForCausalLM "
                                         "directory (e.g. a Llama export)")
-    p.add_argument("--tokenizer_path", default=None,
+    p.add_argument("--tokenizer_path",
                    help="tokenizer directory (default: the model directory's own); applies to every --compare dir")
     p.add_argument("--device", default="auto", help="auto (cuda with bf16 autocast if available, else cpu in fp32), "
                                                     "cpu, cuda, cuda:1, ...")
 
     gen = p.add_argument_group("generation")
-    gen.add_argument("--prompt", action="append", default=None,
+    gen.add_argument("--prompt", action="append",
                      help="text to continue; repeat for several. Default: read prompts from an interactive "
                           "terminal, else a few Shakespeare prompts. A prompt that leaves no room for "
                           "--max_new_tokens in the model's context is cut from the left, with a warning")
@@ -267,12 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "(alone: the embedded plays' validation plays); any --data_path the trainer accepts")
     ev.add_argument("--text_field", default="text", help="column of --eval_data that holds the text")
     ev.add_argument("--batch_size", type=int, default=8, help="windows per evaluation batch")
-    ev.add_argument("--seq_len", type=int, default=None,
+    ev.add_argument("--seq_len", type=int,
                     help=f"tokens per evaluation window (default: min({DEFAULT_SEQ_LEN}, the model's context))")
-    ev.add_argument("--eval_batches", type=int, default=None,
+    ev.add_argument("--eval_batches", type=int,
                     help="evaluate only this many batches (default: the whole split, non-overlapping windows)")
 
-    p.add_argument("--compare", nargs="+", default=None, metavar="DIR",
+    p.add_argument("--compare", nargs="+", metavar="DIR",
                    help="also run these model directories (after --model_path, if given) with the same prompts "
                         "and seed; print the continuations side by side and, with --eval_data, one metrics table. "
                         "A directory that cannot be loaded (e.g. a run without a checkpoint) is named in a warning "

@@ -14,9 +14,8 @@ from pathlib import Path
 
 @contextmanager
 def staged_directory(dst: Path) -> Iterator[Path]:
-    """Yield a hidden sibling of `dst` (which must not exist) to write into; rename it to `dst` when the block
-    ends without error, else remove it, so a reader sees either nothing or the whole thing, never half of
-    it."""
+    """Yield a hidden sibling of `dst` (which must not exist) to write into, renamed to `dst` when the block ends
+    without error and removed otherwise: a reader sees nothing or the whole thing, never half of it."""
     dst = Path(dst)
     tmp = dst.with_name(f".{dst.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -46,9 +46,8 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class PackedTokens:
-    """A split's documents as one token array, each followed by the end-of-text token. num_bytes counts the
-    documents' UTF-8 bytes only, num_tokens the separators too (the model predicts them): see
-    bits_per_byte."""
+    """A split's documents as one token array, each followed by the end-of-text token; num_bytes counts the
+    documents' UTF-8 bytes only, num_tokens the separators too (the model predicts them)."""
 
     path: Path
     tokens: np.memmap
