@@ -53,21 +53,17 @@ def test_a_variant_is_looked_up_not_split(name, fields):
 
 def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkeypatch):
     """The CPU preset and the GPU default have their own batch, steps and peak learning rate; a given flag wins."""
-    out = ["--out_dir", str(tmp_path / "run")]
-    cpu, cuda = trainer_args.DEVICE_DEFAULTS["cpu"], trainer_args.DEVICE_DEFAULTS["cuda"]
+    out, keys = ["--out_dir", str(tmp_path / "run")], ("batch_size", "max_steps", "learning_rate")
+    cpu, cuda = ({key: trainer_args.DEVICE_DEFAULTS[device][key] for key in keys} for device in ("cpu", "cuda"))
     args = trainer_args.parse_args(out)
-    assert (args.batch_size, args.max_steps, args.learning_rate) == (cpu["batch_size"], cpu["max_steps"],
-                                                                      cpu["learning_rate"])
+    assert {key: getattr(args, key) for key in keys} == cpu
     assert args.hidden_size is None  # the width is the model config's to fill, as in runs recorded before the table
     study, base = run_ablation.parse_args(out)
     assert study.learning_rates == [cpu["learning_rate"]] and base.max_steps == cpu["max_steps"]
     given = trainer_args.parse_args([*out, "--learning_rate", "3e-4", "--batch_size", "3", "--max_steps", "7"])
     assert (given.learning_rate, given.batch_size, given.max_steps) == (3e-4, 3, 7)
     monkeypatch.setattr(trainer_args, "pick_device", lambda name: torch.device("cuda"))
-    args = trainer_args.parse_args(out)
-    assert (args.batch_size, args.max_steps, args.learning_rate) == (cuda["batch_size"], cuda["max_steps"],
-                                                                      cuda["learning_rate"])
-    assert cpu != cuda
+    assert {key: getattr(trainer_args.parse_args(out), key) for key in keys} == cuda != cpu
 
 
 def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
@@ -282,8 +278,7 @@ def test_unigram_loss_is_the_smoothed_frequency_model(tmp_path, tiny_corpus, tin
 
 
 @pytest.mark.slow  # ten tiny runs and a rerun: ~17 s on 2 busy cores
-def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reruns_nothing(
-        study, capsys, monkeypatch):
+def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reruns_nothing(study, monkeypatch):
     # Runs of a few steps learn too little to beat a unigram model; judged on loss alone, none counts as plateaued.
     monkeypatch.setattr(runner, "unigram_loss", lambda base: math.inf)
     flags = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--tune_lr", "1e-3", "3e-2",
@@ -301,10 +296,9 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
         grown = [lr for lr in lrs if lr not in (1e-3, 3e-2)]
         assert all(lr in (5e-4, 2.5e-4, 6e-2, 1.2e-1) for lr in grown)
         # seed 0 at every grid point, seed 1 only at the chosen lr
-        seed0 = [r for r in runs if r.startswith(t["variant"] + "-") and r.endswith("-s0")]
-        seed1 = [r for r in runs if r.startswith(t["variant"] + "-") and r.endswith("-s1")]
-        assert len(seed0) == len(lrs)
-        assert seed1 == [runner.run_name(t["variant"], 2, t["chosen_lr"], 0, 1)]
+        mine = [r for r in runs if r.startswith(t["variant"] + "-")]
+        assert len([r for r in mine if r.endswith("-s0")]) == len(lrs)
+        assert [r for r in mine if r.endswith("-s1")] == [runner.run_name(t["variant"], 2, t["chosen_lr"], 0, 1)]
     results = json.loads((out / "results.json").read_text())
     assert sorted((r["variant"], r["seed"]) for r in results) == [
         ("post-rmsnorm", 0), ("post-rmsnorm", 1), ("pre-rmsnorm", 0), ("pre-rmsnorm", 1)]
@@ -320,7 +314,6 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
     def no_training(args):
         raise AssertionError(f"trained {args.out_dir} again")
     monkeypatch.setattr(runner, "train", no_training)
-    capsys.readouterr()
     study(*flags)
     assert json.loads((out / "tuning.json").read_text()) == tuning
 
