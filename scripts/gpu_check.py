@@ -134,13 +134,11 @@ def main(argv: list[str] | None = None) -> None:
         start = time.monotonic()
         try:
             result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=min(limit, left))
-            step["status"], output = ("ok" if result.returncode == 0 else f"exit {result.returncode}"), \
-                result.stdout + result.stderr
-            stdout = result.stdout
-        except subprocess.TimeoutExpired as err:
-            step["status"] = f"timed out after {min(limit, left):.0f} s"
-            stdout = err.stdout.decode() if isinstance(err.stdout, bytes) else err.stdout or ""
-            output = stdout + (err.stderr.decode() if isinstance(err.stderr, bytes) else err.stderr or "")
+            step["status"] = "ok" if result.returncode == 0 else f"exit {result.returncode}"
+        except subprocess.TimeoutExpired as err:  # it carries what the command printed until then, as bytes
+            result, step["status"] = err, f"timed out after {min(limit, left):.0f} s"
+        stdout, stderr = (t.decode() if isinstance(t, bytes) else t or "" for t in (result.stdout, result.stderr))
+        output = stdout + stderr
         step["seconds"] = round(time.monotonic() - start, 1)
         step["numbers"] = read(stdout)
         step["output_tail"] = "\n".join(output.strip().splitlines()[-15:])
