@@ -1,7 +1,8 @@
 """Text sources (see docs/data.md): the embedded plays, local files or folders, or a Hugging Face Hub dataset
 ("owner/name[:config[:split]]"), each split loaded as a `datasets` dataset with one column, "text", one row
 per non-empty document. A source without a validation split of its own holds out non-empty document i
-(0-based, in source order; a folder's files in sorted path order) iff i % HOLDOUT_EVERY == 0. """
+(0-based, in source order; a folder's files in sorted path order) iff i % HOLDOUT_EVERY == 0.
+"""
 
 import contextlib
 import importlib.metadata
