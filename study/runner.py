@@ -2,12 +2,12 @@
 grid point, or with --tune_lr each lr grid, then the other seeds at the choice), training it one run after another
 or side by side under torchrun, and the plateau rule the lr choice and the report both apply."""
 
-import copy
 import functools
 import json
 import math
 import os
 import socket
+from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,19 +41,14 @@ def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed
     """The trainer flags of one run of the study; job is what the run is to it (trainer/args.py WANDB_JOBS)."""
     name = run_name(variant, depth, lr, warmup, seed)
     out_dir = Path(study.out_dir) / "runs" / name
-    args = copy.copy(base)
-    for field, value in VARIANTS[variant].items():
-        setattr(args, field, value)
-    args.num_hidden_layers, args.seed = depth, seed
-    args.learning_rate, args.warmup_steps = lr, warmup
-    args.min_lr = min(base.min_lr, lr)
     # A run with a checkpoint continues; one without starts afresh over whatever a crash before its first
     # checkpoint left in its folder (this study's own, named after the run).
-    args.out_dir, args.resume = str(out_dir), bool(find_checkpoints(out_dir))
-    args.overwrite = not args.resume
-    args.wandb_group = base.wandb_group or Path(study.out_dir).name
-    args.wandb_run_name, args.wandb_job = name, job
-    return args
+    resume = bool(find_checkpoints(out_dir))
+    return Namespace(**{**vars(base), **VARIANTS[variant], "num_hidden_layers": depth, "seed": seed,
+                        "learning_rate": lr, "warmup_steps": warmup, "min_lr": min(base.min_lr, lr),
+                        "out_dir": str(out_dir), "resume": resume, "overwrite": not resume,
+                        "wandb_group": base.wandb_group or Path(study.out_dir).name, "wandb_run_name": name,
+                        "wandb_job": job})
 
 
 def finished_run(base, study, *run) -> dict | None:
