@@ -58,7 +58,7 @@ def test_embedded_corpus_splits_by_play():
 
 def write_source(tmp_path: Path, name: str) -> str:
     """One local source of each kind the loader reads, named by its file name."""
-    if name == "docs.jsonl":  # an empty document is dropped before counting
+    if name == "docs.jsonl":  # an empty document is dropped
         write_jsonl(tmp_path / name, [{"content": f"doc {i}", "id": i} for i in range(150)] + [{"content": ""}])
     elif name == "two.jsonl":  # the fewest documents that split
         write_jsonl(tmp_path / name, [{"text": "first"}, {"text": "second"}])
