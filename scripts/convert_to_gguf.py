@@ -133,12 +133,9 @@ def write_gguf(path: Path, name: str, family: str, cfg, tensors, tokenizer, voca
     if tokenizer.chat_template:  # MiniMind's own tokenizer has one
         writer.add_chat_template(tokenizer.chat_template)
 
-    for gguf_name, tensor in tensors.items():
-        array = tensor.numpy()
-        if tensor.dim() > 1:
-            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(gguf_name, array)
+    for gguf_name, tensor in tensors.items():  # vectors (norm gains) stay float32
+        kind = qtype if tensor.dim() > 1 else gguf.GGMLQuantizationType.F32
+        writer.add_tensor(gguf_name, gguf.quants.quantize(tensor.numpy(), kind), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
