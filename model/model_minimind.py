@@ -226,7 +226,6 @@ def config_problem(values: dict, name: Callable[[str], str] = str) -> str | None
     if c.norm_gain != "w" and not NORM_TYPES[c.norm_type].gain:
         return (f"{name('norm_gain')}={c.norm_gain!r} reparametrizes a norm's gain, and {name('norm_type')}="
                 f"{c.norm_type!r} has none; allowed with {[n for n, t in NORM_TYPES.items() if t.gain]}")
-    return None
 
 
 class MiniMindConfig(PretrainedConfig):
