@@ -72,8 +72,7 @@ class PairedDifference:
 def paired_difference(losses: dict[int, float | None], baseline: dict[int, float | None]) -> PairedDifference:
     """Differences on the seeds both sides finished with a finite loss (same seed = same init and data order)."""
     seeds = sorted(s for s in losses.keys() & baseline.keys()
-                   if losses[s] is not None and baseline[s] is not None
-                   and math.isfinite(losses[s]) and math.isfinite(baseline[s]))
+                   if all(v is not None and math.isfinite(v) for v in (losses[s], baseline[s])))
     return PairedDifference({s: losses[s] - baseline[s] for s in seeds})
 
 

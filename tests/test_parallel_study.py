@@ -82,15 +82,12 @@ def test_a_worker_takes_its_own_share_and_hides_torchrun_from_the_trainer(monkey
         monkeypatch.setenv(name, value)  # (and restored after the test, whatever own_share sets)
     worker = Worker.from_environment()
     assert worker == Worker(rank=3, world_size=4, local_rank=1, local_world_size=2)
-    threads = parallel.torch.get_num_threads()
+    threads = []
     monkeypatch.setattr(parallel, "usable_cores", lambda: 6)
-    base = run_ablation.parse_args(["--device", "cpu"])[1]
-    try:
-        worker.own_share(base)
-        assert parallel.torch.get_num_threads() == 3  # six cores, two ranks on this machine
-        assert (os.environ["WORLD_SIZE"], os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("1", "0", "0")
-    finally:
-        parallel.torch.set_num_threads(threads)
+    monkeypatch.setattr(parallel.torch, "set_num_threads", threads.append)  # this process's own threads stay
+    worker.own_share(run_ablation.parse_args(["--device", "cpu"])[1])
+    assert threads == [3]  # six cores, two ranks on this machine
+    assert (os.environ["WORLD_SIZE"], os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("1", "0", "0")
 
 
 def test_tuning_sends_every_grid_run_out_before_any_other_seed(monkeypatch):
