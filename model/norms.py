@@ -22,17 +22,16 @@ if TYPE_CHECKING:
     from model.model_minimind import MiniMindConfig
 
 
-def unit_gain(dim: int, one_plus_w: bool) -> nn.Parameter:
-    """A gain of 1 per channel: stored as 1, or as w = 0 applied as 1 + w."""
-    return nn.Parameter(torch.full((dim,), 0.0 if one_plus_w else 1.0))
-
-
 class Norm(nn.Module):
     """What every norm type shares: how its gain applies (as stored, or 1 + w in float32)."""
 
     def __init__(self, one_plus_w: bool):
         super().__init__()
         self.one_plus_w = one_plus_w
+
+    def unit_gain(self, dim: int) -> nn.Parameter:
+        """A gain of 1 per channel: stored as 1, or as w = 0 applied as 1 + w."""
+        return nn.Parameter(torch.full((dim,), 0.0 if self.one_plus_w else 1.0))
 
     def with_gain(self, x: torch.Tensor, formula: Callable) -> torch.Tensor:
         """formula(x, gain) with the stored weight, or with one_plus_w on float32 x and 1 + w, cast back."""
@@ -49,9 +48,9 @@ class RMSNorm(Norm):
     """
 
     def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True, one_plus_w: bool = False):
-        super().__init__(one_plus_w)
+        super().__init__(one_plus_w and elementwise_affine)  # without a gain, nothing to store as w
         self.eps = eps
-        self.weight = unit_gain(dim, one_plus_w) if elementwise_affine else None
+        self.weight = self.unit_gain(dim) if elementwise_affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.with_gain(x, lambda x, gain: rms_norm(x, gain, self.eps))
@@ -64,7 +63,7 @@ class SSNorm(Norm):
     def __init__(self, eps: float = 1e-5, one_plus_w: bool = False):
         super().__init__(one_plus_w)
         self.eps = eps
-        self.weight = unit_gain(1, one_plus_w)
+        self.weight = self.unit_gain(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.with_gain(x, lambda x, gain: rms_norm(x, None, self.eps) * gain)
@@ -76,7 +75,7 @@ class LayerNorm(Norm):
     def __init__(self, dim: int, eps: float = 1e-5, one_plus_w: bool = False):
         super().__init__(one_plus_w)
         self.eps = eps
-        self.weight = unit_gain(dim, one_plus_w)
+        self.weight = self.unit_gain(dim)
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +93,7 @@ class DyT(Norm):
         super().__init__(one_plus_w)
         self.alpha_init = alpha_init
         self.alpha = nn.Parameter(torch.full((1,), alpha_init))
-        self.weight = unit_gain(dim, one_plus_w)
+        self.weight = self.unit_gain(dim)
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -110,7 +109,7 @@ class Derf(Norm):
         self.alpha_init = alpha_init
         self.alpha = nn.Parameter(torch.full((1,), alpha_init))
         self.shift = nn.Parameter(torch.zeros(dim))
-        self.weight = unit_gain(dim, one_plus_w)
+        self.weight = self.unit_gain(dim)
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,7 +132,7 @@ class SeeDNorm(Norm):
         self.eps = eps
         self.alpha = nn.Parameter(torch.ones(dim))
         self.beta = nn.Parameter(torch.zeros(dim))
-        self.weight = unit_gain(dim, one_plus_w)
+        self.weight = self.unit_gain(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dynamic = torch.tanh((x.float() * self.beta).sum(-1, keepdim=True)) * self.alpha
@@ -148,7 +147,7 @@ class BatchNorm(Norm):
     def __init__(self, dim: int, eps: float = 1e-5, one_plus_w: bool = False):
         super().__init__(one_plus_w)
         self.eps, self.momentum = eps, 0.1
-        self.weight = unit_gain(dim, one_plus_w)
+        self.weight = self.unit_gain(dim)
         self.bias = nn.Parameter(torch.zeros(dim))
         self.register_buffer("running_mean", torch.zeros(dim))
         self.register_buffer("running_var", torch.ones(dim))
