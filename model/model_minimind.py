@@ -22,19 +22,18 @@ from model.norms import NORM_TYPES, RMSNorm, count_norms, init_norm, make_norm
 
 __all__ = ["RMSNorm", "count_norms"]  # the default norm and the count users check, re-exported from model/norms.py
 
-# transformers 5.24 renamed the KV cache from past_key_values to cache, in generate()'s call and in the outputs it
-# reads: the model takes either name and returns the cache under the installed release's, so generation keeps context.
+# transformers 5.24 renamed the KV cache from past_key_values to cache (generate()'s argument and the outputs it
+# reads): the model takes both names and returns the installed release's, so generation keeps its context.
 CACHE_FIELD = "cache" if "cache" in {f.name for f in fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The norm plan: where each block normalizes, as data. Each sublayer F (attention, MLP) has three slots.
+# The norm plan: where each block normalizes, as data. Each sublayer F (attention, MLP) has three slots, each
+# the module name of a norm or None.
 
 
 @dataclass(frozen=True)
 class Slots:
-    """The norm slots around one sublayer F, each the module name of a norm or None (empty slot)."""
-
     before: str | None = None  # x + F(N(x))
     after: str | None = None  # x + N(F(x))
     around: str | None = None  # N(x + F(x))
@@ -340,14 +339,14 @@ class Attention(nn.Module):
         # V-norm (Gemma 3n/4, HybridNorm): with q and k normalized too, attention ignores its input's scale
         self.v_norm = make_norm(config, "qk", self.head_dim) if config.v_norm == "head" else None
         # Learnable sinks (GPT-OSS, DeepSeek-V4): one logit per head joins each softmax row, so a head can attend
-        # to "nothing". Zero at init (DeepSeek-V4) draws no random numbers: the other weights start as without it.
+        # to "nothing". Zero at init (DeepSeek-V4), drawing no random numbers: the rest starts as without sinks.
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
         # Sub-LN (BitNet; NormFormer's head-output norm): the concatenated heads normalized before o_proj
         self.attn_sub_norm = make_norm(config, "attn", self.n_heads * self.head_dim) if config.sub_norm else None
 
     def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """q [batch, heads, seq, head_dim] and k [batch, kv_heads, seq, head_dim] as attention uses them, QK-norm
-        before RoPE (as in Qwen3/OLMo 2), and the gate's logits [batch, seq, heads, gate_dim] (None without one)."""
+        """q [batch, heads, seq, head_dim] and k [batch, kv_heads, seq, head_dim] as attention uses them
+        (QK-norm before RoPE, as in Qwen3/OLMo 2), and the gate's logits [batch, seq, heads, gate_dim] or None."""
         bsz, seq, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
         gate = None
@@ -364,8 +363,8 @@ class Attention(nn.Module):
 
     def sink_bias(self, mask: torch.Tensor | None, q_len: int, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
         """The float mask [batch or 1, heads, q, kv + 1] adding the sinks to SDPA: 0 or -inf per key, and each
-        head's sink as the logit of an extra all-zero key and value, which adds nothing to the output: softmax
-        over (logits, sink) with the sink's column dropped, as GPT-OSS writes it, the KV cache unchanged."""
+        head's sink as the logit of an extra all-zero key and value: softmax over (logits, sink) with the sink's
+        column dropped, as GPT-OSS writes it, the KV cache unchanged."""
         if mask is None:  # SDPA's causal fast path was exact: the same triangle, aligned to the last query
             mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=self.sinks.device).tril(kv_len - q_len)
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, -math.inf)
@@ -454,9 +453,9 @@ class MiniMindPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            init.normal_(module.weight, mean=0.0, std=std * getattr(module, "init_scale", 1.0))
+            std = self.config.initializer_range * getattr(module, "init_scale", 1.0)  # DeepNorm's beta
+            init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
         elif isinstance(module, Attention) and module.sinks is not None:
@@ -473,11 +472,9 @@ class MiniMindModel(MiniMindPreTrainedModel):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         # What the blocks receive from the lookup: as is, times sqrt(hidden_size) (Gemma), or normalized (BLOOM)
-        self.embed_norm = config.embed_norm
-        if self.embed_norm == "norm":
+        if config.embed_norm == "norm":
             self.word_embeddings_layernorm = make_norm(config, "embed")
         self.layers = nn.ModuleList(MiniMindBlock(config, i, plan) for i, plan in enumerate(layer_plans(config)))
-        # Pre-Norm leaves the residual stream un-normalized, so it needs one last norm before lm_head.
         self.norm = make_norm(config, "final") if has_final_norm(config) else nn.Identity()
         self.rotary_emb = RotaryEmbedding(config)
         self.post_init()
@@ -492,9 +489,9 @@ class MiniMindModel(MiniMindPreTrainedModel):
             x = inputs_embeds  # taken as looked up (and, for "scale", scaled) already, as in Gemma
         else:
             x = self.embed_tokens(input_ids)
-            if self.embed_norm == "scale":  # in the weights' dtype: sqrt(d) rounded to float32, then to it (Gemma)
+            if self.config.embed_norm == "scale":  # sqrt(d) in float32, then the weights' dtype (Gemma)
                 x = x * torch.tensor(self.config.hidden_size**0.5).to(x.dtype)
-        if self.embed_norm == "norm":  # on inputs_embeds too, as in BLOOM
+        if self.config.embed_norm == "norm":  # on inputs_embeds too, as in BLOOM
             x = self.word_embeddings_layernorm(x)
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
@@ -503,8 +500,7 @@ class MiniMindModel(MiniMindPreTrainedModel):
             position_ids = torch.arange(past_len, past_len + x.shape[1], device=x.device)[None]
         # cos/sin in the dtype q and k are computed in: under autocast the projections' (bf16), as fp32 tables would
         # promote q and k to fp32 for attention to cast them back; without it, the stream's, so fp32 stays exact.
-        device_type = x.device.type
-        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         rope = self.rotary_emb(position_ids, dtype)
         mask = attention_mask_for(attention_mask, x.shape[1], past_len, x.device)
 
