@@ -1,11 +1,5 @@
-"""Every norm type, and NORM_TYPES: the one registry that builds and names them (by name: --norm).
-
-Each takes the last dimension of a [..., dim] tensor, so any fits any slot. With one_plus_w (norm_gain=
-"one_plus_w") the gain is stored as w, starting at 0, and applied as 1 + w (Gemma 2/3, Qwen3-Next): the same
-function at init, but weight decay pulls the gain toward 1 instead of 0. As in Gemma that path computes in
-float32 and casts to the input's dtype last; on float32 input it runs the plain path's ops, so w = 0 is a gain
-of 1 bit for bit.
-"""
+"""Every norm type, and NORM_TYPES: the one registry that builds and names them (by name: --norm). Each takes
+the last dimension of a [..., dim] tensor, so any fits any slot."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +17,10 @@ if TYPE_CHECKING:
 
 
 class Norm(nn.Module):
-    """What every norm type shares: how its gain applies (as stored, or 1 + w in float32)."""
+    """What every norm type shares: its gain. With one_plus_w (norm_gain="one_plus_w") the gain is stored as w,
+    starting at 0, and applied as 1 + w (Gemma 2/3, Qwen3-Next): the same function at init, but weight decay pulls
+    the gain toward 1 instead of 0. As in Gemma that path computes in float32 and casts to the input's dtype last;
+    on float32 input it runs the plain path's ops, so w = 0 is a gain of 1 bit for bit."""
 
     def __init__(self, one_plus_w: bool):
         super().__init__()
