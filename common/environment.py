@@ -49,7 +49,9 @@ def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
         lines = cpuinfo.read_text().splitlines()
     except OSError:
         return {"cpu": platform.processor() or platform.machine(), "cpu_isa": None}
-    info = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in lines)}
+    info = {}  # the first processor's entry (a hybrid CPU's cores can list different flags: the first is recorded)
+    for key, _, value in (line.partition(":") for line in lines):
+        info.setdefault(key.strip(), value.strip())
     flags = set(info.get("flags", "").split())
     return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
             "cpu_isa": [name for flag, name in CPU_EXTENSIONS.items() if flag in flags]}

@@ -77,7 +77,7 @@ class LayerNorm(Norm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         def layer_norm(x, gain):
-            return F.layer_norm(x, x.shape[-1:], gain, self.bias.to(gain.dtype), self.eps)
+            return F.layer_norm(x, self.weight.shape, gain, self.bias.to(gain.dtype), self.eps)
 
         return self.with_gain(x, layer_norm)
 

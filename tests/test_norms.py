@@ -126,3 +126,23 @@ def test_batchnorm_leaks_the_future_and_the_batch_in_training_only():
             a, b, c = model(x).logits, model(future).logits, model(others).logits
             assert torch.equal(a[:, :9], b[:, :9]) != train
             assert torch.equal(a[0], c[0]) != train
+
+
+@pytest.mark.parametrize("norm_type, reference", [("layernorm", lambda: torch.nn.LayerNorm(HIDDEN)),
+                                                  ("batchnorm", lambda: torch.nn.BatchNorm1d(HIDDEN))])
+def test_layernorm_and_batchnorm_compute_what_torchs_modules_do(norm_type, reference):
+    """Same state_dict, same outputs and gradients in training and eval mode, same running statistics after
+    several training steps (BatchNorm's momentum, unbiased running variance and batch counter)."""
+    norm, torch_norm = norm_of(norm_type), reference()
+    assert norm.state_dict().keys() == torch_norm.state_dict().keys()
+    torch_norm.load_state_dict(norm.state_dict())
+    for train in (True, True, True, False):
+        norm.train(train), torch_norm.train(train)
+        x = torch.randn(3, 7, HIDDEN) * 2 + 0.5
+        ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, expected = norm(ours), torch_norm(theirs.reshape(-1, HIDDEN)).view(x.shape)
+        torch.testing.assert_close(out, expected)
+        out.pow(2).sum().backward(), expected.pow(2).sum().backward()
+        torch.testing.assert_close(ours.grad, theirs.grad)
+    for name, value in torch_norm.state_dict().items():
+        torch.testing.assert_close(norm.state_dict()[name], value, msg=name)

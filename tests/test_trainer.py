@@ -162,6 +162,21 @@ def test_exact_resume(tmp_path, tiny_args, capsys, optimizer, change, refusal):
     assert (halves / "checkpoint").resolve().name == "step-000008"
 
 
+def test_a_real_divergence_stops_in_one_line_and_keeps_the_last_finite_checkpoint(tmp_path, tiny_args, capsys):
+    """An lr of 1e6 without a norm or clipping: the loss really goes non-finite (nothing patched)."""
+    out = tmp_path / "run"
+    status, lines = refused([*tiny_args, "--out_dir", out, "--max_steps", 60, "--save_interval", 1,
+                             "--log_interval", 1, "--learning_rate", 1e6, "--warmup_steps", 3, "--grad_clip", 0,
+                             "--norm", "none"], capsys)
+    assert status == 2 and lines[-1].startswith("error: the loss, gradient or weights became non-finite")
+    assert "learning_rate" in lines[-1] and "the last checkpoint (step-" in lines[-1] and "--resume" in lines[-1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["diverged"] and 1 <= summary["step"] < 60
+    state = torch.load(out / "checkpoint" / "training_state.pt", weights_only=False)
+    assert state["step"] == summary["step"]  # the last completed step; the failing one never touched the weights
+    assert all(torch.isfinite(t).all() for t in load_file(out / "checkpoint" / "model.safetensors").values())
+
+
 @pytest.mark.slow  # a fresh interpreter for the second half
 def test_exact_resume_in_a_fresh_process(tmp_path, env, tiny_args):
     """The same, with the second half in another process: only what the checkpoint holds carries over."""

@@ -47,9 +47,11 @@ def flatten(record: dict) -> dict:
     'residual_rms': [a, b]} -> {'train/residual_rms/00': a, 'train/residual_rms/01': b}, beside its step."""
     flat = {"step": record["step"]}
     for key, value in record.items():
-        if key not in ("step", "split"):
-            chart = f"{record['split']}/{key}"
-            flat.update({f"{chart}/{i:02d}": v for i, v in enumerate(value)} if isinstance(value, list) else {chart: value})
+        chart = f"{record['split']}/{key}"
+        if isinstance(value, list):
+            flat.update({f"{chart}/{i:02d}": v for i, v in enumerate(value)})
+        elif key not in ("step", "split"):
+            flat[chart] = value
     return flat
 
 
