@@ -75,7 +75,10 @@ def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: st
         base_runs = runs_at.get((baseline, t["depth"]))
         paired = (paired_cells(*lr_tuning.paired_runs(runs, base_runs))
                   if runs and base_runs and t["variant"] != baseline else ("—", "—"))
-        chosen = "none usable" if t["chosen_lr"] is None else f"{t['chosen_lr']:g}" + " (edge)" * t["at_edge"]
+        if t["chosen_lr"] is None:
+            chosen = "none usable"
+        else:
+            chosen = f"{t['chosen_lr']:g} (edge)" if t["at_edge"] else f"{t['chosen_lr']:g}"
         rows.append([t["variant"], str(t["depth"]), chosen, f"{span} ({len(usable)} of {len(t['learning_rates'])})",
                      mean_std(ok), f"{min(ok):.3f}–{max(ok):.3f}" if ok else "—", *paired, *outcomes(runs)])
     return markdown_table(head, rows)
@@ -154,4 +157,4 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
     (out / "results.md").write_text("\n".join(text))
     rows = [{"variant": variant, "depth": depth, **r} for (variant, depth, _, _), runs in groups.items() for r in runs]
     (out / "results.json").write_text(json.dumps(rows, indent=1))
-    print("\n" + (fair and fair + "\n\n") + table + f"\n\nwrote {out / 'results.md'}")
+    print("\n" + "\n\n".join(part for part in (fair, table, f"wrote {out / 'results.md'}") if part))
