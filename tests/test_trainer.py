@@ -155,6 +155,9 @@ def test_exact_resume(tmp_path, tiny_args, capsys, optimizer, change, refusal):
     common, straight, halves = straight_and_in_halves(tmp_path, flags, train_in_process)
     assert_same_run(straight, halves)
     assert sorted(p.name for p in halves.iterdir() if p.name.startswith("step-")) == ["step-000004", "step-000008"]
+    saved = torch.load(halves / "checkpoint" / "training_state.pt", weights_only=False)["optimizer"]
+    if optimizer == "muon":  # both states, Muon's with a momentum for each of the 7 matrices of the 2 blocks
+        assert set(saved) == {"adamw", "muon"} and len(saved["muon"]["state"]) == 7 * 2
 
     # a flag that would not continue the same run: refused in one line, checkpoint untouched
     status, lines = refused([*common, "--out_dir", halves, "--max_steps", 12, "--resume", *change], capsys)
