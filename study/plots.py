@@ -110,8 +110,9 @@ def plot_lr_sensitivity(tuning: list[dict], path: Path) -> None:
             lrs, losses = np.array(t["learning_rates"]), t["val_losses"]
             finite = np.array([v is not None for v in losses])
             y = np.array([np.nan if v is None else v for v in losses])
-            color = line_style(index)["color"]
-            ax.plot(lrs[finite], y[finite], marker="o", label=t["variant"], **line_style(index))
+            style = line_style(index)
+            color = style["color"]
+            ax.plot(lrs[finite], y[finite], marker="o", label=t["variant"], **style)
             for lr, loss, usable in zip(lrs, y, t["usable"], strict=True):
                 if np.isnan(loss):
                     ax.plot(lr, 0.98, marker="x", ms=9, mew=2, color=color, transform=top, clip_on=False)

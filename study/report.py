@@ -54,10 +54,17 @@ def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
 def paired_cells(d: lr_tuning.PairedDifference, left_out: int, unrecorded: bool) -> tuple[str, str]:
     """A paired difference (lr_tuning.paired_runs) as two table cells: 'mean ± std', and the seeds agreeing with
     how the seeds paired."""
-    diff = f"{d.mean:+.3f}" + (f" ± {d.std:.3f}" if d.std is not None else "") if d.differences else "—"
+    if not d.differences:
+        diff = "—"
+    else:
+        diff = f"{d.mean:+.3f} ± {d.std:.3f}" if d.std is not None else f"{d.mean:+.3f}"
     if not d.differences and not left_out:
         return diff, "—"
-    notes = [f"{left_out} across CPU types left out"] * bool(left_out) + ["CPU type not recorded"] * unrecorded
+    notes = []
+    if left_out:
+        notes.append(f"{left_out} across CPU types left out")
+    if unrecorded:
+        notes.append("CPU type not recorded")
     return diff, f"{d.agreeing}/{len(d.differences)}" + (f" ({'; '.join(notes)})" if notes else "")
 
 

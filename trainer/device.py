@@ -69,8 +69,10 @@ class Prefetcher:
         self.ahead = None  # (sampler state before it, the batch on the device)
 
     def _draw(self) -> tuple[dict, tuple[torch.Tensor, ...]]:
-        state, pin = self.sampler.state_dict(), self.device.type == "cuda"
-        return state, tuple((t.pin_memory() if pin else t).to(self.device, non_blocking=True) for t in next(self.sampler))
+        state = self.sampler.state_dict()
+        pin = self.device.type == "cuda"
+        batch = tuple((t.pin_memory() if pin else t).to(self.device, non_blocking=True) for t in next(self.sampler))
+        return state, batch
 
     def __iter__(self):
         return self

@@ -71,8 +71,11 @@ def previous_run(out_dir: Path) -> list[str]:
     """What in out_dir belongs to an earlier run: its checkpoints, metrics or summary."""
     metrics = out_dir / "metrics.jsonl"
     found = [p.name for p in find_checkpoints(out_dir)]
-    found += [metrics.name] if metrics.is_file() and metrics.stat().st_size > 0 else []
-    return found + (["summary.json"] if (out_dir / "summary.json").is_file() else [])
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append(metrics.name)
+    if (out_dir / "summary.json").is_file():
+        found.append("summary.json")
+    return found
 
 
 def no_checkpoint(out_dir: Path, records: list[str]) -> str:
@@ -209,8 +212,8 @@ def verify(path: Path) -> None:
 
 
 def load_checkpoint(out_dir: Path, repair: bool = False) -> tuple[MiniMindForCausalLM, dict]:
-    """The model (fp32, as saved) and training state of the best checkpoint in out_dir that loads, each one that
-    does not reported in one line. With repair (by the owner of out_dir) those are renamed <name>.damaged-<time>,
+    """The model (fp32, as saved) and training state of the best checkpoint in out_dir that loads; each one that
+    does not is reported in one line. With repair (by the owner of out_dir) those are renamed <name>.damaged-<time>,
     never tried again, and the link points to the one loaded. The caller restores RNGs when it is ready."""
     damaged: dict[Path, str] = {}
     for path in find_checkpoints(out_dir):
