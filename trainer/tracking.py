@@ -112,11 +112,20 @@ class Tracker:
 
             self.run.log({key: wandb.Image(str(path)), "step": step})
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Close the metrics file and finish the wandb run (marked failed when the run raised); idempotent."""
         self.file.close()
         if self.run is not None:
-            self.run.finish()
+            self.run.finish(exit_code=1 if failed else 0)
             self.run = None
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        # a run that raised (a full disk, an interrupt) must not leave the file open in a process that trains on,
+        # as the ablation runner does
+        self.close(failed=exc_type is not None)
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -236,8 +236,9 @@ def run_training(args, rank: int, world_size: int, device: torch.device, tokeniz
         return {"step": state.step, "max_steps": args.max_steps, "diverged": False, "interrupted": False}
     costs = account(job, state.raw_model)
     tracker = open_tracking(job, splits, state, costs) if job.master else None
-    train_loop(job, splits, state, costs, tracker)
-    return write_summary(job, splits, state, costs, tracker)
+    with tracker or nullcontext():
+        train_loop(job, splits, state, costs, tracker)
+        return write_summary(job, splits, state, costs, tracker)
 
 
 def load_splits(job: Job) -> Splits:
