@@ -179,7 +179,10 @@ def test_a_study_under_torchrun_trains_each_run_once_as_without_and_survives_a_k
     else:
         pytest.fail("no run finished while another was under way")
     before = {name: (folder / name / "summary.json").read_text() for name in finished}
-    os.kill(max(children(first.pid)), signal.SIGKILL)
+    rank = max(children(first.pid))
+    # the run the rank holds: each claim file carries its holder's pid
+    held = {p.stem for p in (tmp_path / "ranks" / ".claims").glob("*.lock") if p.read_text().strip() == str(rank)}
+    os.kill(rank, signal.SIGKILL)
     first_log = finish(first, tmp_path / "first.log")
     assert first.returncode != 0
     again = torchrun(flags("ranks", *study), env, tmp_path / "again.log")
@@ -188,7 +191,10 @@ def test_a_study_under_torchrun_trains_each_run_once_as_without_and_survives_a_k
     assert {name: (folder / name / "summary.json").read_text() for name in finished} == before  # not trained again
     assert not set(trained(again_log)) & finished
     assert set(trained(first_log)) | set(trained(again_log)) == {p.name for p in folder.iterdir()}
-    assert len(trained(first_log)) == len(set(trained(first_log)))  # no two ranks took the same run
+    # No two ranks took the same run, except that the killed rank's run, freed with its claim, may be taken over by
+    # the other rank before torchrun stops it too.
+    taken = trained(first_log)
+    assert {run for run in taken if taken.count(run) > 1} <= held and all(taken.count(run) <= 2 for run in held)
     assert again_log.count("wrote ") == 1 and (tmp_path / "ranks" / "results.md").is_file()  # the report, by rank 0
     alone("alone", *study)
     assert summaries(tmp_path / "ranks") == summaries(tmp_path / "alone")
