@@ -71,7 +71,7 @@ def parse_args(argv=None):
                    help="under torchrun: runs, each rank trains whole runs of the study side by side, alone on its own "
                         "GPU (or its share of the CPU cores), each as the study without torchrun would; data, every "
                         "run in turn across all ranks with data parallelism (DDP), for a model too big for one "
-                        "device. Without torchrun nothing changes (default: runs)")
+                        "device. Without torchrun nothing changes")
     return study_settings(*p.parse_known_args(argv))
 
 
