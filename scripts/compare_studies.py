@@ -17,9 +17,10 @@ from common.cli import ArgumentParser, UserError, run_cli
 from study import lr_tuning
 from study.report import markdown_table, mean_std, paired_cells
 
-# A same-seed rerun on another CPU type ends this far from the recorded loss (docs/results/muon.md): a smaller
-# difference may be the machine's rounding rather than the variant.
-DEFAULT_FLOOR = 0.011
+# The same run (same seed and flags) on another CPU type ends up to this far from the recorded loss: 0.021 nats under
+# Muon, whose Newton-Schulz iteration rounds in bf16 (docs/results/muon.md). A smaller difference may be the
+# machine's rounding rather than the variant.
+DEFAULT_FLOOR = 0.021
 
 
 def chosen_runs(folder: Path) -> dict[str, tuple[float | None, list[dict]]]:
