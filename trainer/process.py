@@ -1,5 +1,6 @@
 """Process setup around a training job: which device and rank this process is, and how it answers signals."""
 
+import atexit
 import os
 import re
 import signal
@@ -38,7 +39,15 @@ def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, t
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
                                 timeout=timedelta(minutes=timeout_min),
                                 device_id=device if device.type == "cuda" else None)
+        # Torn down before the interpreter exits, whoever called train(): a gloo group still alive at exit can abort
+        # the process ("terminate called without an active exception") after a run that went well.
+        atexit.register(destroy_process_group)
     return dist.get_rank(), world_size, device
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def barrier() -> None:
@@ -70,7 +79,7 @@ def peer_failures_in_one_line(rank: int, timeout_min: float) -> Iterator[None]:
         # torn down (or the interpreter finalized) while it waits for it, both would wait forever. A moment
         # without the GIL lets it finish.
         time.sleep(1)
-        dist.destroy_process_group()
+        destroy_process_group()
         raise UserError(message) from None
 
 

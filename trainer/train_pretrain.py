@@ -603,8 +603,6 @@ def bash_word(text: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     summary = train(args)
-    if dist.is_initialized():
-        dist.destroy_process_group()
     if summary["diverged"]:
         what = summary.get("divergence") or f"the run diverged after step {summary['step']}"  # (older summaries)
         fix = "lower --learning_rate, raise --warmup_steps or set --grad_clip"
