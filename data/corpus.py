@@ -53,7 +53,6 @@ def shakespeare_plays() -> list[Path]:
 
 
 def local_files(data_path: str) -> list[Path]:
-    """The files a local path stands for, checked to exist, be of one supported kind, and not all be empty."""
     path = Path(data_path).expanduser()
     if not path.exists():
         raise UserError(f"{data_path}: no such file or folder; {NO_SOURCE_HINT}")
@@ -84,17 +83,12 @@ def source_identity(data_path: str | None) -> dict:
     if is_local(data_path):
         files = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in local_files(data_path)]
         return {"files": files, "holdout_every": HOLDOUT_EVERY}
-    return {"hub": data_path, "revision": _hub_revision(data_path), "holdout_every": HOLDOUT_EVERY}
-
-
-def _hub_revision(spec: str) -> str | None:
-    """The Hub dataset's current commit, so an updated dataset is tokenized again; None when offline."""
-    if huggingface_hub.constants.HF_HUB_OFFLINE:
-        return None
-    try:
-        return huggingface_hub.HfApi().dataset_info(spec.split(":")[0], timeout=HUB_TIMEOUT_S).sha
-    except Exception:  # unreachable: loading will say so in its own words
-        return None
+    revision = None  # the dataset's current commit, so an updated dataset is tokenized again; None offline
+    with contextlib.suppress(Exception):  # unreachable: loading will say so in its own words
+        if not huggingface_hub.constants.HF_HUB_OFFLINE:
+            info = huggingface_hub.HfApi().dataset_info(data_path.split(":")[0], timeout=HUB_TIMEOUT_S)
+            revision = info.sha
+    return {"hub": data_path, "revision": revision, "holdout_every": HOLDOUT_EVERY}
 
 
 def _json_files(data_path: str | None) -> list[Path]:
@@ -154,9 +148,8 @@ def _load_hub(spec: str, split: str, streaming: bool):
         except huggingface_hub.errors.RepositoryNotFoundError:
             raise UserError(f"{spec}: neither a local path nor a Hugging Face Hub dataset; {NO_SOURCE_HINT}") from None
         except Exception as err:  # DNS, proxy, timeout, HTTP: whatever it is, the Hub can't be used now
-            raise UserError(
-                f"{spec}: no such local path, and the Hugging Face Hub is unreachable ({type(err).__name__}); {NO_SOURCE_HINT}"
-            ) from None
+            raise UserError(f"{spec}: no such local path, and the Hugging Face Hub is unreachable "
+                            f"({type(err).__name__}); {NO_SOURCE_HINT}") from None
     try:  # offline without a cached copy, an unknown config, a gated or script-only dataset, ...
         available = datasets.get_dataset_split_names(name, config or None)
         holdout = bool(source) or "validation" not in available

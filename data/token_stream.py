@@ -146,8 +146,7 @@ def prepare_split(data_path: str | None, split: str, tokenizer, text_field: str 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     path = cache_dir / f"{split}-{digest}.bin"
-    packed = _open_cached(path, key, len(tokenizer))
-    if packed is not None:
+    if (packed := _open_cached(path, key, len(tokenizer))) is not None:
         return packed
     texts = load_texts(data_path, split, text_field, streaming)
     dtype = np.dtype(np.uint16 if len(tokenizer) <= 2**16 else np.uint32)

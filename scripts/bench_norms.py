@@ -131,8 +131,6 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def print_results(rows: list[dict], device: str) -> None:
-    """The table, then which implementation model.RMSNorm runs here per dtype with its forward+backward time
-    against LayerNorm's, then torch.compile's first-call cost."""
     def ratio(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
 

@@ -42,8 +42,8 @@ def summaries(study: Path) -> dict[str, dict]:
 
 def main(argv=None) -> None:
     p = ArgumentParser(description=__doc__, epilog="Other flags pass through to scripts/run_ablation.py.")
-    p.add_argument("--ranks", type=int, default=usable_cores(), help="torchrun --nproc_per_node (default: the usable "
-                                                                     "cores)")
+    p.add_argument("--ranks", type=int, default=usable_cores(),
+                   help="torchrun --nproc_per_node (default: the usable cores)")
     p.add_argument("--variants", nargs="+", default=["pre-rmsnorm", "post-rmsnorm"], help="the study's variants")
     p.add_argument("--seeds", nargs="+", default=["0", "1"], help="the study's seeds")
     p.add_argument("--max_steps", default="60", help="steps per run")

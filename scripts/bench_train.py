@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     window = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len + 1), device=device)
     x, y = window[:, :-1], window[:, 1:]
 
-    rows = {}  # (model, mode) -> {"step": callable, "first_s": seconds of its first step}
+    rows = {}  # (model, mode) -> {"step": callable, "first_s": its first step's seconds, "times": per round}
     for mode in modes:
         for name, base in (("minimind", minimind), ("llama", llama)):
             model = copy.deepcopy(base)
@@ -102,11 +102,10 @@ def main(argv: list[str] | None = None) -> None:
             step = make_step(torch.compile(model) if mode == "compiled" else model, opt, x, y, mixed_precision,
                              name == "minimind")
             print(f"first step: {name} {mode}", file=sys.stderr, flush=True)
-            rows[name, mode] = {"step": step, "first_s": time_round(step, 1, device)}
-    times = {key: [] for key in rows}
+            rows[name, mode] = {"step": step, "first_s": time_round(step, 1, device), "times": []}
     for _ in tqdm(range(args.rounds), desc="rounds"):
-        for key, row in rows.items():
-            times[key].append(time_round(row["step"], args.steps, device))
+        for row in rows.values():
+            row["times"].append(time_round(row["step"], args.steps, device))
 
     tokens = args.batch_size * args.seq_len
     n_params = sum(p.numel() for p in minimind.parameters())
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     step_flops = flops_per_token(n_params, config.num_hidden_layers, config.hidden_size, args.seq_len) * tokens
     results = []
     for (name, mode), row in rows.items():
-        s_per_step = statistics.median(times[name, mode]) / args.steps
+        s_per_step = statistics.median(row["times"]) / args.steps
         results.append({"model": name, "mode": mode, "tokens_per_s": tokens / s_per_step, "s_per_step": s_per_step,
                         "compile_s": row["first_s"] - s_per_step if mode == "compiled" else None,
                         "mfu": step_flops / s_per_step / peak if peak else None})

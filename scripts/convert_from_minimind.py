@@ -148,7 +148,7 @@ def convert(pth: Path, tokenizer_dir: Path, dst: Path, **flags) -> MiniMindForCa
     return model
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("pth", type=Path, help="MiniMind's saved weights, e.g. out/pretrain_512.pth (fp16 or fp32)")
     parser.add_argument("tokenizer_dir", type=Path,
@@ -164,7 +164,7 @@ def main() -> None:
     parser.add_argument("--rope_theta", type=float, default=None, help="RoPE base (default: 1e6, both versions)")
     parser.add_argument("--max_position_embeddings", type=int, default=None,
                         help="context length recorded in the config (default: 32768, both versions)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     flags = {name: getattr(args, name) for name in FLAGS}
     for name, value in flags.items():
         if value is not None and not (0 < value < float("inf")):

@@ -155,9 +155,8 @@ def self_check(path: Path, tensors: dict[str, torch.Tensor], vocab) -> None:
         if tuple(int(n) for n in reversed(read.shape)) != tuple(tensor.shape) or not torch.equal(
                 values.reshape(tensor.shape), tensor):
             raise UserError(f"tensor {name} read back from the GGUF file differs from the export; nothing was written")
-    tokens, types, merges = vocab
-    for key, expected in ((gguf.Keys.Tokenizer.LIST, tokens), (gguf.Keys.Tokenizer.MERGES, merges),
-                          (gguf.Keys.Tokenizer.TOKEN_TYPE, types)):
+    keys = (gguf.Keys.Tokenizer.LIST, gguf.Keys.Tokenizer.TOKEN_TYPE, gguf.Keys.Tokenizer.MERGES)
+    for key, expected in zip(keys, vocab, strict=True):
         field = reader.get_field(key)
         if field is None or list(field.contents()) != expected:
             raise UserError(f"{key} read back from the GGUF file differs from tokenizer.json; nothing was written")
@@ -192,13 +191,13 @@ def convert(src: Path, dst: Path, outtype: str = "f32") -> str:
     return family
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("src_dir", type=Path, help="the trainer's --out_dir, or a MiniMind checkpoint directory")
     parser.add_argument("dst_file", type=Path, help="the GGUF file to write (must not exist)")
     parser.add_argument("--outtype", choices=sorted(OUTTYPES), default="f32",
                         help="how weight matrices are stored (norm gains stay float32)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     hf_logging.disable_progress_bar()  # the "Loading weights" bar is noise here (and beside an error's one line)
     convert(args.src_dir, args.dst_file, args.outtype)
 

@@ -34,26 +34,21 @@ def pytest_numbers(stdout: str) -> dict:
     return {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", stdout)}
 
 
-def bench_numbers(path: Path):
-    def read(stdout: str) -> dict:
-        return {"rows": json.loads(path.read_text()).get("results")} if path.is_file() else {}
-    return read
+def bench_numbers(path: Path) -> dict:
+    return {"rows": json.loads(path.read_text()).get("results")} if path.is_file() else {}
 
 
-def pretrain_numbers(run_dir: Path):
-    def read(stdout: str) -> dict:
-        summary_file = run_dir / "summary.json"
-        if not summary_file.is_file():
-            return {}
-        summary = json.loads(summary_file.read_text())
-        train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["split"] == "train"]
-        keys = ("step", "tokens_per_s", "s_per_step", "train_time_s", "compile_time_s", "train_loss", "val_loss",
-                "val_bpb", "num_params")
-        return {**{k: summary.get(k) for k in keys},
-                "mfu_last_window": train[-1].get("mfu") if train else None,
-                "peak_mem_mb": max((r["peak_mem_mb"] for r in train), default=None),
-                "tokens_per_s_by_window": [r.get("tokens_per_s") for r in train]}
-    return read
+def pretrain_numbers(run_dir: Path) -> dict:
+    if not (run_dir / "summary.json").is_file():
+        return {}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["split"] == "train"]
+    keys = ("step", "tokens_per_s", "s_per_step", "train_time_s", "compile_time_s", "train_loss", "val_loss",
+            "val_bpb", "num_params")
+    return {**{k: summary.get(k) for k in keys},
+            "mfu_last_window": train[-1].get("mfu") if train else None,
+            "peak_mem_mb": max((r["peak_mem_mb"] for r in train), default=None),
+            "tokens_per_s_by_window": [r.get("tokens_per_s") for r in train]}
 
 
 def eval_numbers(stdout: str) -> dict:
@@ -70,17 +65,18 @@ def steps(out: Path) -> list[tuple[str, list[str], int, object]]:
         ("tests/test_cuda.py", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"], 150,
          pytest_numbers),
         ("pretrain (eager)", [*train, "--out_dir", str(out / "pretrain-eager")], 150,
-         pretrain_numbers(out / "pretrain-eager")),
+         lambda _: pretrain_numbers(out / "pretrain-eager")),
         ("eval_llm (eager run)", [*evaluate, "--model_path", str(out / "pretrain-eager")], 60, eval_numbers),
         ("bench_train", [PY, "scripts/bench_train.py", "--device", "cuda", "--dtype", "bfloat16", "--batch_size",
                          str(PRESET_BATCH), "--seq_len", str(PRESET_SEQ), "--steps", "5", "--rounds", "3",
-                         "--json", str(out / "bench_train.json")], 200, bench_numbers(out / "bench_train.json")),
+                         "--json", str(out / "bench_train.json")], 200,
+         lambda _: bench_numbers(out / "bench_train.json")),
         ("pretrain (--compile)", [*train, "--compile", "--out_dir", str(out / "pretrain-compiled")], 180,
-         pretrain_numbers(out / "pretrain-compiled")),
+         lambda _: pretrain_numbers(out / "pretrain-compiled")),
         ("eval_llm (compiled run)", [*evaluate, "--model_path", str(out / "pretrain-compiled")], 60, eval_numbers),
         ("bench_norms", [PY, "scripts/bench_norms.py", "--device", "cuda", "--tokens", str(PRESET_BATCH * PRESET_SEQ),
                          "--iters", "200", "--json", str(out / "bench_norms.json")], 90,
-         bench_numbers(out / "bench_norms.json")),
+         lambda _: bench_numbers(out / "bench_norms.json")),
     ]
 
 

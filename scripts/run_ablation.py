@@ -42,7 +42,6 @@ MAX_SEED = 2**32 - 1  # numpy's seed range: a run's seed also draws its batch or
 SET_PER_RUN = ("--seed", "--resume", "--overwrite", *(f"--{field}" for field in ("norm", *PLACEMENT_DEFAULTS)))
 
 
-
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__,
                        epilog="All other flags are trainer flags (see python trainer/train_pretrain.py --help).")

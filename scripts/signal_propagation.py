@@ -14,7 +14,7 @@ The textbook predictions assume sublayer outputs about as large as the stream th
 N(0, 0.02) init at hidden 128 they are far smaller, so some need not hold at init (a block cosine near 1 shows it).
 """
 
-import copy
+import argparse
 import json
 import math
 import sys
@@ -39,36 +39,9 @@ DEFAULT_VARIANTS = ["pre-rmsnorm", "post-rmsnorm", "peri-rmsnorm", "reorder-rmsn
                     "mix-rmsnorm", "pre+depth-rmsnorm", "pre+qk_head-rmsnorm", "pre-none"]
 
 
-def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__)
-    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
-                   help="<placement>-<norm> names as in study/variants.py (pre-none = no norm at all)")
-    p.add_argument("--depths", nargs="+", type=int, default=[4, 8, 16, 32, 64, 128], help="numbers of blocks")
-    p.add_argument("--hidden_size", type=int, default=128, help="model width")
-    p.add_argument("--num_attention_heads", type=int, default=8, help="query heads")
-    p.add_argument("--num_key_value_heads", type=int, default=2, help="key/value heads")
-    p.add_argument("--batch_size", type=int, default=4, help="held-out windows in the one batch")
-    p.add_argument("--seq_len", type=int, default=128, help="tokens per window")
-    p.add_argument("--seed", type=int, default=0, help="seeds every model's initialization")
-    p.add_argument("--data_path", default=None, help="corpus (default: the embedded Shakespeare plays)")
-    p.add_argument("--tokenizer_path", default=None, help="tokenizer directory (default: the shipped one)")
-    p.add_argument("--out_dir", default="out/signal_propagation",
-                   help="writes signal_propagation.json and signal_propagation.png here")
-    args = p.parse_args(argv)
-    require_positive(args, ("hidden_size", "num_attention_heads", "num_key_value_heads", "batch_size", "seq_len"))
-    if any(d < 1 for d in args.depths):
-        raise UserError(f"--depths must be positive integers, got {args.depths}")
-    if unknown := [v for v in args.variants if v not in VARIANTS]:
-        raise UserError(f"unknown variant {unknown[0]!r}; see python scripts/run_ablation.py --help for the names")
-    return args
-
-
 def measure(model_args, variant: str, depth: int, tokenizer, x: torch.Tensor, y: torch.Tensor) -> dict:
     """Build the variant at this depth as the trainer would and measure it once, at initialization."""
-    args = copy.copy(model_args)
-    for field, value in VARIANTS[variant].items():
-        setattr(args, field, value)
-    args.num_hidden_layers = depth
+    args = argparse.Namespace(**{**vars(model_args), **VARIANTS[variant], "num_hidden_layers": depth})
     model = build_model(model_config(args, tokenizer, torch.device("cpu")), args.seed)
     stats = layer_stats(model, x)
     loss = model(input_ids=x, shift_labels=y).loss
@@ -191,7 +164,26 @@ def theory(results: list[dict], head_dim: int, mix_ln_fraction: float,
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS,
+                   help="<placement>-<norm> names as in study/variants.py (pre-none = no norm at all)")
+    p.add_argument("--depths", nargs="+", type=int, default=[4, 8, 16, 32, 64, 128], help="numbers of blocks")
+    p.add_argument("--hidden_size", type=int, default=128, help="model width")
+    p.add_argument("--num_attention_heads", type=int, default=8, help="query heads")
+    p.add_argument("--num_key_value_heads", type=int, default=2, help="key/value heads")
+    p.add_argument("--batch_size", type=int, default=4, help="held-out windows in the one batch")
+    p.add_argument("--seq_len", type=int, default=128, help="tokens per window")
+    p.add_argument("--seed", type=int, default=0, help="seeds every model's initialization")
+    p.add_argument("--data_path", default=None, help="corpus (default: the embedded Shakespeare plays)")
+    p.add_argument("--tokenizer_path", default=None, help="tokenizer directory (default: the shipped one)")
+    p.add_argument("--out_dir", default="out/signal_propagation",
+                   help="writes signal_propagation.json and signal_propagation.png here")
+    args = p.parse_args(argv)
+    require_positive(args, ("hidden_size", "num_attention_heads", "num_key_value_heads", "batch_size", "seq_len"))
+    if any(d < 1 for d in args.depths):
+        raise UserError(f"--depths must be positive integers, got {args.depths}")
+    if unknown := [v for v in args.variants if v not in VARIANTS]:
+        raise UserError(f"unknown variant {unknown[0]!r}; see python scripts/run_ablation.py --help for the names")
     tokenizer = load_tokenizer(args.tokenizer_path)
     held_out = prepare_split(args.data_path, "validation", tokenizer)
     x, y = next(BatchSampler(held_out.tokens, args.batch_size, args.seq_len, sequential=True))

@@ -78,8 +78,7 @@ def paired_difference(losses: dict[int, float | None], baseline: dict[int, float
 
 def recorded_cpu(run: dict) -> bool:
     """Whether a run's summary records its CPU type (runs recorded before it was do not)."""
-    environment = run.get("environment", {})
-    return environment.get("cpu") is not None and environment.get("cpu_isa") is not None
+    return all(run.get("environment", {}).get(key) is not None for key in ("cpu", "cpu_isa"))
 
 
 def same_cpu_type(run: dict, other: dict) -> bool:

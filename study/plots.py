@@ -31,15 +31,13 @@ def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
     """Train and validation loss against step and against training wall-clock time, one line per variant."""
     plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharey="row")
-    for (row, split), (col, x_key) in ((rs, xc) for rs in enumerate(("train", "val"))
-                                       for xc in enumerate(("step", "train_time_s"))):
-        ax = axes[row][col]
-        for index, (name, runs) in enumerate(variants.items()):
-            _band(ax, runs, split, x_key, name, line_style(index))
-        ax.set(xlabel="step" if x_key == "step" else "training time (s)", ylabel=f"{split} loss")
-        ax.grid(alpha=0.3)
-    for row in axes:
+    for row, split in zip(axes, ("train", "val"), strict=True):
         row[0].set_yscale("log")  # a loss spike in one variant (no norm: 1e4) would flatten every other curve
+        for ax, x_key in zip(row, ("step", "train_time_s"), strict=True):
+            for index, (name, runs) in enumerate(variants.items()):
+                _band(ax, runs, split, x_key, name, line_style(index))
+            ax.set(xlabel="step" if x_key == "step" else "training time (s)", ylabel=f"{split} loss")
+            ax.grid(alpha=0.3)
     # Beside the panels, not in one: a study of dozens of runs has a legend taller than a panel.
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center left", bbox_to_anchor=(1, 0.5), fontsize=8)
     fig.suptitle("mean over seeds, band = min..max")

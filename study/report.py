@@ -54,10 +54,8 @@ def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
 def paired_cells(d: lr_tuning.PairedDifference, left_out: int, unrecorded: bool) -> tuple[str, str]:
     """A paired difference (lr_tuning.paired_runs) as two table cells: 'mean ± std', and the seeds agreeing with
     how the seeds paired."""
-    if not d.differences:
-        diff = "—"
-    else:
-        diff = f"{d.mean:+.3f} ± {d.std:.3f}" if d.std is not None else f"{d.mean:+.3f}"
+    spread = f" ± {d.std:.3f}" if d.std is not None else ""
+    diff = f"{d.mean:+.3f}{spread}" if d.differences else "—"
     if not d.differences and not left_out:
         return diff, "—"
     notes = []
@@ -82,10 +80,8 @@ def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: st
         base_runs = runs_at.get((baseline, t["depth"]))
         paired = (paired_cells(*lr_tuning.paired_runs(runs, base_runs))
                   if runs and base_runs and t["variant"] != baseline else ("—", "—"))
-        if t["chosen_lr"] is None:
-            chosen = "none usable"
-        else:
-            chosen = f"{t['chosen_lr']:g} (edge)" if t["at_edge"] else f"{t['chosen_lr']:g}"
+        edge = " (edge)" if t["at_edge"] else ""
+        chosen = "none usable" if t["chosen_lr"] is None else f"{t['chosen_lr']:g}{edge}"
         rows.append([t["variant"], str(t["depth"]), chosen, f"{span} ({len(usable)} of {len(t['learning_rates'])})",
                      mean_std(ok), f"{min(ok):.3f}–{max(ok):.3f}" if ok else "—", *paired, *outcomes(runs)])
     return markdown_table(head, rows)

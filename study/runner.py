@@ -23,10 +23,7 @@ from trainer.run_dir import find_checkpoints, recorded_value
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 
-# A run "plateaued" when it trained without diverging but learned (almost) nothing: its final validation loss is
-# within PLATEAU_MARGIN nats of what a context-free unigram model scores on the validation split, or no lower
-# than its first validation loss (with at least two evaluations).
-PLATEAU_MARGIN = 0.05
+PLATEAU_MARGIN = 0.05  # nats; see plateaued()
 
 
 def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str:
@@ -81,9 +78,9 @@ def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed:
             job: str = "run") -> dict | None:
     """Train one run of the study, or reuse it if finished, and return its summary: None on DDP ranks other than 0
     (they only get the outcome, not the numbers); StudyInterrupted when a signal stopped it."""
-    summary = finished_run(base, study, variant, depth, lr, warmup, seed)
-    if summary is None:
-        args = run_args(base, study, variant, depth, lr, warmup, seed, job)
+    run = variant, depth, lr, warmup, seed
+    if (summary := finished_run(base, study, *run)) is None:
+        args = run_args(base, study, *run, job)
         print(f"\n=== {args.wandb_run_name}")
         summary = train(validate(args))
         if summary["diverged"]:  # a finished run ends in the trainer's own closing line; a diverged one in this
@@ -94,7 +91,6 @@ def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed:
 
 
 def token_splits(base) -> tuple:
-    """The tokenizer and the study's tokenized train and validation splits (from the machine's token cache)."""
     tokenizer = load_tokenizer(base.tokenizer_path)
     return tokenizer, *(prepare_split(base.data_path, split, tokenizer, base.text_field, num_proc=base.num_proc,
                                       streaming=base.streaming) for split in ("train", "validation"))
@@ -109,7 +105,8 @@ def unigram_loss(base) -> float:
 
 
 def plateaued(run: dict, metrics: list[dict], unigram: float) -> bool:
-    """See PLATEAU_MARGIN."""
+    """Whether a run trained without diverging but learned (almost) nothing: its final validation loss is
+    within PLATEAU_MARGIN nats of the unigram model's, or no lower than its first of two or more."""
     if run["diverged"] or run["val_loss"] is None:
         return False
     evals = [r["loss"] for r in metrics if r["split"] == "val"]
@@ -156,10 +153,7 @@ def tune_plan(study, results: dict[Run, dict], point, say) -> Plan:
     only. Grid runs go out before other seeds, so no rank idles while a grid still has runs to train. point(run)
     is a finished run as a grid point; say(message) tells a decision once."""
     warmup, first = study.warmup_steps[0], study.seeds[0]
-    grid_runs: dict[Run, str] = {}
-    seed_runs: dict[Run, str] = {}
-    groups: dict[tuple, list[dict]] = {}
-    tuning = []
+    grid_runs, seed_runs, groups, tuning = {}, {}, {}, []
     for depth in study.depths:
         for variant in study.variants:
             lrs = list(study.tune_lr)
@@ -190,9 +184,8 @@ def tune_plan(study, results: dict[Run, dict], point, say) -> Plan:
                     "diverging or plateauing; its other seeds are not trained")
                 continue
             runs = [(variant, depth, chosen, warmup, seed) for seed in study.seeds]
-            if todo := [run for run in runs if run not in results]:
-                seed_runs.update(dict.fromkeys(todo, "seed"))
-            else:
+            seed_runs.update({run: "seed" for run in runs if run not in results})
+            if all(run in results for run in runs):
                 groups[variant, depth, chosen, warmup] = [results[run] for run in runs]
     return Plan({**grid_runs, **seed_runs}, groups, tuning)
 
@@ -202,6 +195,11 @@ def train_study(study, base, worker: Worker) -> Plan:
     side with the other ranks (study/parallel.py); return the plan once nothing is left to train."""
     results: dict[Run, dict | None] = {}
     say = functools.cache(print)  # a decision is told once, however often the plan is made again
+
+    def train_one(item: tuple[Run, str]) -> None:
+        run, job = item
+        results[run] = run_one(base, study, *run, job)
+
     if study.tune_lr:
         unigram = unigram_loss(base)
         # a finished run's point never changes: its metrics are read once
@@ -219,10 +217,6 @@ def train_study(study, base, worker: Worker) -> Plan:
                 current = plan()
             return list(current.pending.items())
 
-        def train_one(item: tuple[Run, str]) -> None:
-            run, job = item
-            results[run] = run_one(base, study, *run, job)
-
         # With --tune_lr a finished grid lets new runs train, and rank 0 writes the report: those ranks wait for
         # the others; in a grid study the other ranks are done once nothing is left to take.
         train_in_parallel(pending, lambda item: Path(study.out_dir) / ".claims" / f"{run_name(*item[0])}.lock",
@@ -230,8 +224,7 @@ def train_study(study, base, worker: Worker) -> Plan:
                           base.dist_timeout, wait=bool(study.tune_lr) or worker.rank == 0)
         return plan()
     while (current := plan()).pending:
-        run, job = next(iter(current.pending.items()))
-        results[run] = run_one(base, study, *run, job)
+        train_one(next(iter(current.pending.items())))
     return current
 
 

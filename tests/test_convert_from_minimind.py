@@ -2,8 +2,6 @@
 the key names MiniMind's published code uses, come back as checkpoints that compute exactly the same logits and
 generate the same tokens with and without the KV cache; bad files are refused in one line."""
 
-import sys
-
 import pytest
 import torch
 
@@ -113,8 +111,8 @@ NON_FINITE = ("model.layers.0.mlp.down_proj.weight holds 2 non-finite values (na
     ("version_3_of_a_minimind2", "the state dict has no model.layers.0.self_attn.q_norm.weight, which MiniMind-3 "
                                  "has; is it a MiniMind-3 checkpoint?"),
 ])
-def test_bad_input_is_one_line_on_the_command_line_and_writes_nothing(tmp_path, tiny_tokenizer_dir, monkeypatch,
-                                                                     capsys, case, line):
+def test_bad_input_is_one_line_on_the_command_line_and_writes_nothing(tmp_path, tiny_tokenizer_dir, capsys,
+                                                                     case, line):
     pth = tmp_path / "m.pth"
     state = save_pth(minimind_model(load_tokenizer(tiny_tokenizer_dir), "2"), pth)
     if case == "moe":  # MiniMind's MoE variant has a router and experts where the dense MLP is
@@ -130,10 +128,9 @@ def test_bad_input_is_one_line_on_the_command_line_and_writes_nothing(tmp_path, 
     if case == "not_a_pth":
         pth.write_bytes(b"not a pickle")
     flags = ["--version", "3"] if case == "version_3_of_a_minimind2" else ["--num_attention_heads", "4"]
-    monkeypatch.setattr(sys, "argv", ["convert_from_minimind.py", str(pth), tiny_tokenizer_dir,
-                                      str(tmp_path / "out"), *flags])
+    argv = [str(pth), tiny_tokenizer_dir, str(tmp_path / "out"), *flags]
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(convert_from_minimind.main)
+        run_cli(lambda: convert_from_minimind.main(argv))
     lines = capsys.readouterr().err.strip().splitlines()
     expected = "error: " + line.format(pth=pth, tokenizer=tiny_tokenizer_dir)
     assert exit_info.value.code == 2 and len(lines) == 1

@@ -4,7 +4,6 @@ llama.cpp's forward pass (rotation layout, norm placement, output fallback per a
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import gguf
@@ -120,10 +119,6 @@ def test_gguf_computes_what_the_checkpoint_does(tmp_path, tiny_tokenizer, family
         "attention.head_count": 4, "attention.head_count_kv": 2, "attention.key_length": 8,
         "attention.value_length": 8, "rope.dimension_count": 8, "rope.freq_base": 500.0,
         "attention.layer_norm_rms_epsilon": 1e-6, "vocab_size": cfg.vocab_size})
-    has_qk_norm = cfg.qk_norm != "none"
-    assert ("blk.1.attn_q_norm.weight" in tensors) == has_qk_norm == ("blk.1.attn_k_norm.weight" in tensors)
-    if has_qk_norm:  # per head (Qwen3) or over the whole projection (OLMo 2)
-        assert tensors["blk.1.attn_k_norm.weight"].shape == ((8,) if arch == "qwen3" else (16,))
     assert ("output.weight" in tensors) == (arch == "olmo2" or not cfg.tie_word_embeddings)
 
     spec = json.loads((tmp_path / "src" / "tokenizer.json").read_text(encoding="utf-8"))
@@ -170,9 +165,8 @@ def test_refuses_in_one_line_writing_nothing(tmp_path, tiny_tokenizer, monkeypat
         spec["pre_tokenizer"]["add_prefix_space"] = True
         (tmp_path / "src" / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
     capsys.readouterr()  # save_pretrained's progress bar
-    monkeypatch.setattr(sys, "argv", ["convert_to_gguf.py", str(tmp_path / "src"), str(tmp_path / "m.gguf"), *flags])
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(convert_to_gguf.main)
+        run_cli(lambda: convert_to_gguf.main([str(tmp_path / "src"), str(tmp_path / "m.gguf"), *flags]))
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(lines) == 1 and re.fullmatch("error: " + line, lines[0]), lines
     left = {p.name: p.read_bytes() for p in tmp_path.glob("*m.gguf*")}

@@ -162,6 +162,7 @@ def test_packed_stream_round_trips(tmp_path, tiny_corpus, tiny_tokenizer):
     assert (packed.num_docs, packed.num_tokens) == (len(texts), len(packed.tokens))
     assert packed.num_bytes == sum(len(t.encode()) for t in texts)
     assert packed.bytes_per_token == packed.num_bytes / packed.num_tokens
+    assert bits_per_byte(3 * math.log(2), 3.0) == pytest.approx(1.0)  # nats per token to bits per byte
     meta = json.loads(packed.path.with_suffix(".json").read_text())
     assert (meta["num_tokens"], meta["num_bytes"], meta["dtype"]) == (packed.num_tokens, packed.num_bytes, "uint16")
     single = prepare_split(tiny_corpus, "train", tiny_tokenizer, cache_dir=tmp_path / "one", num_proc=1)
@@ -212,6 +213,8 @@ def test_sequential_windows_interleave_ranks_and_wrap():
     ranks = [BatchSampler(tokens, 1, 10, rank=r, world_size=2, sequential=True) for r in (0, 1)]
     starts = [[next(s)[0][0, 0].item() for _ in range(3)] for s in ranks]
     assert starts == [[0, 20, 0], [10, 30, 10]]
+    with pytest.raises(UserError, match="fewer than seq_len"):  # not even one window
+        BatchSampler(tokens, 1, 41)
 
 
 @pytest.mark.parametrize("sequential", [False, True])
@@ -227,15 +230,6 @@ def test_state_dict_resumes_exactly(sequential):
     resumed.load_state_dict(torch.load(io.BytesIO(buffer.getvalue())))
     for (x, y), (rx, ry) in zip(expected, (next(resumed) for _ in range(3)), strict=True):
         assert torch.equal(x, rx) and torch.equal(y, ry)
-
-
-def test_split_shorter_than_a_window():
-    with pytest.raises(UserError, match="fewer than seq_len"):
-        BatchSampler(np.arange(64, dtype=np.uint16), 2, 64)
-
-
-def test_bits_per_byte():
-    assert bits_per_byte(3 * math.log(2), 3.0) == pytest.approx(1.0)
 
 
 def test_bad_sources(tmp_path):

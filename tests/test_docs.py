@@ -21,10 +21,6 @@ def tracked_files() -> set[str] | None:
     return set(out.decode().split("\0")) - {""}
 
 
-def markdown_pages() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-
-
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading: lowercase, punctuation other than - dropped, spaces become -."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
@@ -36,14 +32,10 @@ def anchors(page: Path) -> set[str]:
     return {slug(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, re.M)}
 
 
-def links(text: str) -> list[str]:
-    return [m.group(1) for m in LINK.finditer(CODE.sub("", FENCE.sub("", text)))]
-
-
 def page_problems(page: Path, text: str, tracked: set[str] | None) -> list[str]:
     """The broken relative links of one page's text, resolved from the page's folder."""
     problems = []
-    for target in links(text):
+    for target in (m.group(1) for m in LINK.finditer(CODE.sub("", FENCE.sub("", text)))):
         if re.match(r"(https?|mailto):", target) or target.startswith("#"):
             continue
         path, _, fragment = target.partition("#")
@@ -62,12 +54,10 @@ def page_problems(page: Path, text: str, tracked: set[str] | None) -> list[str]:
     return problems
 
 
-def broken_links(pages: list[Path], tracked: set[str] | None) -> list[str]:
-    return [problem for page in pages for problem in page_problems(page, page.read_text(encoding="utf-8"), tracked)]
-
-
 def test_docs_links_resolve():
-    assert broken_links(markdown_pages(), tracked_files()) == []
+    tracked = tracked_files()
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        assert page_problems(page, page.read_text(encoding="utf-8"), tracked) == []
 
 
 def test_checker_finds_a_broken_link_and_anchor():

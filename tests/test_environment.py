@@ -12,9 +12,6 @@ import common.environment as provenance
 from common.environment import describe, environment, usable_cores
 from data import prepare_split
 
-KEYS = {"git_commit", "git_dirty", "python", "torch", "transformers", "datasets", "device", "cpu", "cpu_isa",
-        "threads", "date"}
-
 
 def git(repo, *command):
     subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *command], check=True,
@@ -23,11 +20,9 @@ def git(repo, *command):
 
 def test_the_libraries_machine_threads_and_date():
     env = environment(torch.device("cpu"))
-    assert set(env) == KEYS
     assert env["torch"] == torch.__version__ and env["threads"] == torch.get_num_threads()
     assert env["transformers"][0].isdigit() and env["datasets"][0].isdigit()
     assert env["device"] == env["cpu"] and {k: env[k] for k in ("cpu", "cpu_isa")} == provenance.cpu()
-    assert set(env["cpu_isa"] or []) <= {"AVX2", "AVX-512", "AMX"}
     date = datetime.fromisoformat(env["date"])
     assert date.utcoffset() == timedelta(0) and abs(datetime.now(timezone.utc) - date) < timedelta(hours=1)
     assert describe(env).startswith(f"Produced {env['date']} by commit ")

@@ -45,7 +45,6 @@ dist.destroy_process_group()
 
 
 def setup() -> tuple:
-    """SETUP's model and tokens, in this process."""
     scope = {}
     exec(SETUP, scope)
     return scope["model"], scope["tokens"]

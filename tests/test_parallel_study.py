@@ -50,18 +50,10 @@ def test_two_ranks_share_the_runs_and_train_each_once(tmp_path, monkeypatch):
     assert {name for name, _ in trained} == {"a", "b"}
 
 
-def test_a_claim_is_refused_while_held_and_free_once_released(tmp_path):
-    held = try_claim(tmp_path / "x.lock")
-    with held:
-        assert try_claim(tmp_path / "x.lock") is None
-    again = try_claim(tmp_path / "x.lock")
-    assert again is not None
-    again.close()
-
-
-def test_a_study_folder_without_file_locks_is_refused(tmp_path, monkeypatch):
-    parallel.require_locks(tmp_path / "claims")  # a local filesystem has them
+def test_a_claim_is_refused_while_held_and_a_folder_without_file_locks_is_refused(tmp_path, monkeypatch):
+    parallel.require_locks(tmp_path / "claims")  # a local filesystem has them; the probe's claim is released
     with try_claim(tmp_path / "claims" / "probe.lock"):
+        assert try_claim(tmp_path / "claims" / "probe.lock") is None
         parallel.require_locks(tmp_path / "claims")  # another rank probing at the same moment
     monkeypatch.setattr(parallel, "exclusive_lock", lambda path: contextlib.nullcontext(False))
     with pytest.raises(UserError, match="without file locks, so the ranks cannot share out the runs"):

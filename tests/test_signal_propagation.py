@@ -108,9 +108,9 @@ def test_theory_checks_agree_and_differ_when_they_should(variants, agreeing, dif
 
 def test_bad_flags_are_one_line_errors():
     with pytest.raises(UserError, match="unknown variant 'sideways-rmsnorm'"):
-        signal_propagation.parse_args(["--variants", "sideways-rmsnorm"])
+        signal_propagation.main(["--variants", "sideways-rmsnorm"])
     with pytest.raises(UserError, match="--depths must be positive"):
-        signal_propagation.parse_args(["--depths", "4", "-1"])
+        signal_propagation.main(["--depths", "4", "-1"])
     with pytest.raises(UserError, match="--seq_len must be a positive integer"):
-        signal_propagation.parse_args(["--seq_len", "0"])
+        signal_propagation.main(["--seq_len", "0"])
 

@@ -11,7 +11,7 @@ from model import PRESETS, SWITCH, SWITCHES, variant_fields
 from model.model_minimind import config_problem, with_implied
 from trainer.device import pick_device
 from trainer.optim import OPTIMIZERS
-from trainer.run_dir import find_checkpoints, no_checkpoint, previous_run
+from trainer.run_dir import find_checkpoints, no_checkpoint
 
 # Defaults that depend on the device. The no-flag CPU run must finish in minutes on 2 cores: a narrower model,
 # and the batch, steps and peak lr that won the sweep (docs/training.md#choosing-the-default-cpu-run). CUDA:
@@ -244,9 +244,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     if args.resume and args.overwrite:
         raise UserError("--resume continues the run in --out_dir and --overwrite discards it; pass one of them")
     if args.resume and not find_checkpoints(out):
-        if records := previous_run(out):
-            raise UserError(f"--resume: {no_checkpoint(out, records)}")
-        raise UserError(f"--resume: no checkpoint in {out}; run without --resume to start fresh")
+        raise no_checkpoint(out, resume=True)
     return args
 
 
@@ -258,18 +256,17 @@ def given_flags(argv: list[str] | None) -> set[str]:
     return set(vars(parser.parse_args(argv)))
 
 
-def apply_preset_and_variant(args: argparse.Namespace, given: set[str]) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, checked; a --preset's, then a --variant's fields set the architecture flags not given."""
+    args = build_parser().parse_args(argv)
     fields = dict(PRESETS[args.preset]) if args.preset else {}
     if args.variant:
         try:
             fields |= variant_fields(args.variant)
         except ValueError as err:
             raise UserError(f"--{err}; e.g. pre-rmsnorm, hybrid-rmsnorm, pre+qk_head-rmsnorm, nanochat") from None
+    given = given_flags(argv)
     for switch in SWITCHES:
         if switch.name in fields and switch.flag_name not in given:
             setattr(args, switch.flag_name, fields[switch.name])
-    return args
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    return validate(apply_preset_and_variant(build_parser().parse_args(argv), given_flags(argv)))
+    return validate(args)

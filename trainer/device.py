@@ -74,9 +74,6 @@ class Prefetcher:
         batch = tuple((t.pin_memory() if pin else t).to(self.device, non_blocking=True) for t in next(self.sampler))
         return state, batch
 
-    def __iter__(self):
-        return self
-
     def __next__(self) -> tuple[torch.Tensor, ...]:
         _, batch = self.ahead or self._draw()
         self.ahead = self._draw()

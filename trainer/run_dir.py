@@ -78,10 +78,14 @@ def previous_run(out_dir: Path) -> list[str]:
     return found
 
 
-def no_checkpoint(out_dir: Path, records: list[str]) -> str:
-    """What to run in an out_dir with a run's records but no checkpoint: nothing to resume, so start over."""
-    return (f"--out_dir {out_dir} holds the records of a run that saved no checkpoint ({', '.join(records)}), so "
-            "there is nothing to resume: pass --overwrite to discard them and start afresh, or choose a new --out_dir")
+def no_checkpoint(out_dir: Path, resume: bool) -> UserError:
+    """The refusal of an out_dir without a checkpoint, for --resume or a fresh run over a run's records."""
+    records = previous_run(out_dir)
+    if resume and not records:
+        return UserError(f"--resume: no checkpoint in {out_dir}; run without --resume to start fresh")
+    return UserError(f"{'--resume: ' if resume else ''}--out_dir {out_dir} holds the records of a run that "
+                     f"saved no checkpoint ({', '.join(records)}), so there is nothing to resume: pass "
+                     "--overwrite to discard them and start afresh, or choose a new --out_dir")
 
 
 def discard_run(out_dir: Path) -> None:
@@ -117,7 +121,7 @@ def claim_run_dir(out_dir: Path, resume: bool, overwrite: bool) -> Iterator[None
             found = previous_run(out_dir)
             if found and not resume and not overwrite:
                 if not find_checkpoints(out_dir):
-                    raise UserError(no_checkpoint(out_dir, found))
+                    raise no_checkpoint(out_dir, resume=False)
                 raise UserError(f"--out_dir {out_dir} holds another run ({', '.join(found)}); continue it with "
                                 "--resume, choose a new --out_dir, or pass --overwrite to discard it")
             if leftovers := remove_leftovers(out_dir):
@@ -234,7 +238,7 @@ def load_checkpoint(out_dir: Path, repair: bool = False) -> tuple[MiniMindForCau
             point_symlink(Path(out_dir) / LINK, path.name)
         return model, state_with_defaults(state, model.config.vocab_size)
     if not damaged:
-        raise UserError(f"--resume: no checkpoint in {out_dir}; run without --resume to start fresh")
+        raise no_checkpoint(out_dir, resume=True)
     failures = "; ".join(f"{p.name}: {why}" for p, why in damaged.items())
     raise UserError(f"--resume: no checkpoint in {out_dir} can be loaded ({failures}); start over with --overwrite "
                     "or in a new --out_dir")
