@@ -53,6 +53,7 @@ def shakespeare_plays() -> list[Path]:
 
 
 def local_files(data_path: str) -> list[Path]:
+    """The files a local path stands for, checked to exist, be of one supported kind, and not all be empty."""
     path = Path(data_path).expanduser()
     if not path.exists():
         raise UserError(f"{data_path}: no such file or folder; {NO_SOURCE_HINT}")
@@ -83,12 +84,17 @@ def source_identity(data_path: str | None) -> dict:
     if is_local(data_path):
         files = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in local_files(data_path)]
         return {"files": files, "holdout_every": HOLDOUT_EVERY}
-    revision = None  # the dataset's current commit, so an updated dataset is tokenized again; None offline
-    with contextlib.suppress(Exception):  # unreachable: loading will say so in its own words
-        if not huggingface_hub.constants.HF_HUB_OFFLINE:
-            info = huggingface_hub.HfApi().dataset_info(data_path.split(":")[0], timeout=HUB_TIMEOUT_S)
-            revision = info.sha
-    return {"hub": data_path, "revision": revision, "holdout_every": HOLDOUT_EVERY}
+    return {"hub": data_path, "revision": _hub_revision(data_path), "holdout_every": HOLDOUT_EVERY}
+
+
+def _hub_revision(spec: str) -> str | None:
+    """The Hub dataset's current commit, so an updated dataset is tokenized again; None when offline."""
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        return None
+    try:
+        return huggingface_hub.HfApi().dataset_info(spec.split(":")[0], timeout=HUB_TIMEOUT_S).sha
+    except Exception:  # unreachable: loading will say so in its own words
+        return None
 
 
 def _json_files(data_path: str | None) -> list[Path]:

@@ -159,6 +159,14 @@ def test_repeated_seeds_and_variants_run_and_count_once(fake_runs, capsys):
     assert sorted(trained) == sorted({*trained}) and len(trained) == 4
     assert [len(runs) for runs in groups.values()] == [2, 2]
     assert "| 4.005 ± 0.007 | 1.000 ± 0.000 | — | — | 10 | 0/2 | 0/2 |" in results_table(groups, False)
+    # ... and in the fair study, where the first seed tunes and each other seed trains once at the choice
+    trained.clear()
+    study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "--seeds", "0", "1", "0", "1",
+                                           "--tune_lr", "1e-3", "2e-3", "4e-3"])
+    groups = runner.train_study(study, base, Worker()).groups
+    assert trained == [("pre-rmsnorm", 1e-3, 0), ("pre-rmsnorm", 2e-3, 0), ("pre-rmsnorm", 4e-3, 0),
+                       ("pre-rmsnorm", 2e-3, 1)]
+    assert [[r["seed"] for r in runs] for runs in groups.values()] == [[0, 1]]
 
 
 def test_a_finished_run_is_reused_with_a_flag_it_predates_as_its_default_and_refused_with_other_values(
@@ -209,6 +217,7 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study):
     # LayerNorm carries a bias as well as a gain; Post-Norm has no final norm (4 norms at 2 layers, not 5)
     norm_params = {r["norm"]: r["norm_params"] for r in runs}
     assert norm_params == {"rmsnorm": 5 * 32, "layernorm": 4 * 2 * 32}
+    assert all((Path(r["out_dir"]) / "metrics.jsonl").is_file() for r in runs)
 
 
 def test_depths_give_one_run_per_depth_with_that_many_layers(study):
@@ -284,6 +293,8 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
         assert {1e-3, 3e-2} <= set(lrs) and len(lrs) <= 4  # the grid, plus at most two edge extensions
         finite = {lr: v for lr, v in zip(lrs, losses, strict=True) if v is not None}
         assert t["chosen_lr"] == min(finite, key=finite.get)
+        grown = [lr for lr in lrs if lr not in (1e-3, 3e-2)]
+        assert all(lr in (5e-4, 2.5e-4, 6e-2, 1.2e-1) for lr in grown)
         # seed 0 at every grid point, seed 1 only at the chosen lr
         mine = [r for r in runs if r.startswith(t["variant"] + "-")]
         assert len([r for r in mine if r.endswith("-s0")]) == len(lrs)

@@ -394,10 +394,12 @@ def test_rezero_is_the_identity_at_init_and_its_scales_learn():
 
 
 def test_sinks_learn():
-    """In float32; under bf16 autocast the pre+sinks variants train in test_variants.py."""
     model = tiny_model(attn_sinks=True, attn_gate="elementwise").train()
-    model(ids(), labels=ids()).loss.backward()
-    assert all(layer.self_attn.sinks.grad.abs().min() > 0 for layer in model.model.layers)
+    for autocast in (False, True):  # under autocast the sinks' float mask takes the queries' dtype (SDPA needs it)
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            model(ids(), labels=ids()).loss.backward()
+        assert all(layer.self_attn.sinks.grad.abs().min() > 0 for layer in model.model.layers), autocast
 
 
 def test_logit_softcap_bounds_the_logits_in_float32_and_the_loss_is_taken_on_them():

@@ -111,8 +111,6 @@ def test_every_float_flag_must_be_finite(flag, value, tmp_path):
 
 
 @pytest.mark.parametrize("more, message", [
-    (["--max_steps", -5], "--max_steps must be a positive integer, got -5"),
-    (["--norm", "groupnorm"], "argument --norm_type/--norm: invalid choice: 'groupnorm'"),
     (["--learning_rate", 0], "--learning_rate must be > 0, got 0.0"),
     (["--dist_timeout", 0], "--dist_timeout must be > 0, got 0.0"),
     (["--seed", -1], "--seed must be in [0, 2**32 - 1], got -1"),
@@ -122,7 +120,7 @@ def test_every_float_flag_must_be_finite(flag, value, tmp_path):
      "would raise the rate; set --min_lr at most --learning_rate"),
 ])
 def test_a_bad_value_is_one_line_before_anything_is_written(more, message, flags, tmp_path):
-    assert refusal(flags(*more)).startswith(message)
+    assert refusal(flags(*more)) == message
     assert not (tmp_path / "run").exists()
 
 

@@ -113,8 +113,11 @@ def test_short_run_loss_falls_and_checkpoint_loads(trained_run):
     train, val = losses(out), losses(out, "val")
     assert len(train) == 8 and len(val) == 2
     assert train[-1] < train[0] - 0.5 and val[-1] < val[0]
-    last = [r for r in read_metrics(out / "metrics.jsonl") if r["split"] == "train"][-1]
-    assert last["tokens_per_s"] > 0 and last["peak_mem_mb"] > 0  # per-layer records: test_diagnostics.py
+    records = read_metrics(out / "metrics.jsonl")
+    last = [r for r in records if r["split"] == "train"][-1]
+    assert len(last["residual_rms"]) == 2 and len(last["layer_grad_norm"]) == 2
+    assert all(v > 0 for v in last["residual_rms"] + last["layer_grad_norm"])
+    assert last["tokens_per_s"] > 0 and last["peak_mem_mb"] > 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["step"] == 40 and not summary["diverged"] and summary["val_bpb"] > 0
     loaded = AutoModelForCausalLM.from_pretrained(out / "checkpoint")
@@ -123,7 +126,7 @@ def test_short_run_loss_falls_and_checkpoint_loads(trained_run):
     assert not (out / "layers.png").exists()  # --no_layers_plot (the tiny flags); test_diagnostics draws one
 
 
-def straight_and_in_halves(tmp_path, tiny_args, resume) -> tuple[Path, Path]:
+def straight_and_in_halves(tmp_path, tiny_args, resume) -> tuple[list, Path, Path]:
     """8 steps straight, and 4 steps then a --resume to 8 on the same schedule, the resume run by resume(flags)."""
     common = [*tiny_args, "--log_interval", 1, "--eval_interval", 100, "--save_interval", 100,
               "--learning_rate", 3e-3, "--warmup_steps", 2]
@@ -131,7 +134,7 @@ def straight_and_in_halves(tmp_path, tiny_args, resume) -> tuple[Path, Path]:
     train_in_process([*common, "--out_dir", straight, "--max_steps", 8])
     train_in_process([*common, "--out_dir", halves, "--max_steps", 4, "--lr_decay_steps", 8])
     resume([*common, "--out_dir", halves, "--max_steps", 8, "--lr_decay_steps", 8, "--resume"])
-    return straight, halves
+    return common, straight, halves
 
 
 def assert_same_run(straight, halves):
@@ -142,17 +145,24 @@ def assert_same_run(straight, halves):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_exact_resume(tmp_path, tiny_args, optimizer):
-    """Bit for bit, so every optimizer state (AdamW's moments, Muon's momenta) comes back from the checkpoint.
-    (A flag that would not continue the same run is refused: test_robustness.py.)"""
+@pytest.mark.parametrize("optimizer, change, refusal", [
+    ("adamw", ["--batch_size", 2], "--batch_size"),
+    ("muon", ["--optimizer", "adamw"], "--resume: the checkpoint was trained with --optimizer muon"),
+])
+def test_exact_resume(tmp_path, tiny_args, capsys, optimizer, change, refusal):
+    """Bit for bit, so every optimizer state (AdamW's moments, Muon's momenta) comes back from the checkpoint."""
     flags = [*tiny_args, "--optimizer", optimizer]
-    straight, halves = straight_and_in_halves(tmp_path, flags, train_in_process)
+    common, straight, halves = straight_and_in_halves(tmp_path, flags, train_in_process)
     assert_same_run(straight, halves)
     assert sorted(p.name for p in halves.iterdir() if p.name.startswith("step-")) == ["step-000004", "step-000008"]
     saved = torch.load(halves / "checkpoint" / "training_state.pt", weights_only=False)["optimizer"]
     if optimizer == "muon":  # both states, Muon's with a momentum for each of the 7 matrices of the 2 blocks
         assert set(saved) == {"adamw", "muon"} and len(saved["muon"]["state"]) == 7 * 2
+
+    # a flag that would not continue the same run: refused in one line, checkpoint untouched
+    status, lines = refused([*common, "--out_dir", halves, "--max_steps", 12, "--resume", *change], capsys)
+    assert status == 2 and lines[-1].startswith("error: ") and refusal in lines[-1]
+    assert (halves / "checkpoint").resolve().name == "step-000008"
 
 
 def test_a_real_divergence_stops_in_one_line_and_keeps_the_last_finite_checkpoint(tmp_path, tiny_args, capsys):
@@ -177,7 +187,7 @@ def test_exact_resume_in_a_fresh_process(tmp_path, env, tiny_args):
         result = run(flags, env)
         assert result.returncode == 0, result.stderr[-2000:]
 
-    straight, halves = straight_and_in_halves(tmp_path, tiny_args, in_a_fresh_process)
+    _, straight, halves = straight_and_in_halves(tmp_path, tiny_args, in_a_fresh_process)
     assert_same_run(straight, halves)
 
 
@@ -256,6 +266,20 @@ def test_metrics_file_and_offline_wandb_run(tmp_path, env, tiny_flags_drawing_la
             summary.update({tuple(u.nested_key) or (u.key,): json.loads(u.value_json) for u in r.summary.update})
     assert summary[("val/loss",)] == {"min": pytest.approx(min(losses(out, "val")))}
     assert list(runs[0].glob("files/media/images/layers_*.png"))  # the per-layer figure, as a wandb.Image
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--max_steps", "-5"], "--max_steps"),
+    (["--norm", "groupnorm"], "--norm"),
+    (["--batch_size", "0"], "--batch_size"),
+    (["--num_attention_heads", "3"], "--num_attention_heads"),
+])
+def test_bad_flags_one_line(tmp_path, tiny_args, flags, needle, capsys):
+    out = tmp_path / "never"
+    status, lines = refused([*tiny_args, "--out_dir", out, *flags], capsys)
+    assert status == 2
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], lines
+    assert not out.exists()
 
 
 def test_unwritable_out_dir(tmp_path, tiny_args, capsys):
