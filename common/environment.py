@@ -63,7 +63,8 @@ def environment(device: torch.device | str | None = None) -> dict:
     threads, the UTC date."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     commit = git("rev-parse", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    # the results folder aside: a study writes its runs and report there while it trains
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results")
     host = cpu()
     return {
         "git_commit": commit,

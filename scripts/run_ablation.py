@@ -4,17 +4,18 @@
     python scripts/run_ablation.py --variants all --seeds 0
     python scripts/run_ablation.py --variants pre-rmsnorm post-rmsnorm deepnorm-rmsnorm --depths 8 16 32
     python scripts/run_ablation.py --learning_rates 1e-3 3e-3 1e-2 --warmup_steps 0 50   # stability grid
-    python scripts/run_ablation.py --tune_lr 1e-3 2e-3 4e-3 8e-3 1.6e-2 --seeds 0 1 2     # fair study
-    torchrun --nproc_per_node 8 scripts/run_ablation.py --tune_lr 1e-3 2e-3 4e-3 --seeds 0 1 2   # 8 runs at a time
+    python scripts/run_ablation.py --tune_lr 2e-3 4e-3 8e-3 1.6e-2 --seeds 0 1 2 3 4     # fair study
+    torchrun --nproc_per_node 8 scripts/run_ablation.py --tune_lr 1e-3 2e-3 4e-3 --seeds 0 1 2 3 4   # 8 runs at a time
 
 Every run goes through trainer.train_pretrain.train (as `python trainer/train_pretrain.py` does), with the same
 data, seeds and step budget; any trainer flag passes through. A variant is <placement>-<norm>, e.g. pre-rmsnorm,
 post-layernorm, pre+qk_head-rmsnorm (PLACEMENTS in study/variants.py). Finished runs are reused when the study runs
 again with the same out_dir, so an interrupted study picks up where it stopped.
 
---tune_lr compares every (variant, depth) at its own best peak lr: the first seed trains at each grid point, the
-lowest final validation loss of a run that neither diverged nor plateaued wins (the grid grows past a winning edge),
-then the other seeds train at that lr; tuning.json, lr_sensitivity.png and results.md's paired differences against
+--tune_lr compares every (variant, depth) at its own best peak lr: the tune seeds (the first two of --seeds) train at
+each grid point, the lowest mean final validation loss of an lr at which no tune seed diverged or plateaued wins (the
+grid grows past a winning edge, both ways when nothing trains), then the other seeds train at that lr, fresh seeds
+for the differences the report gives; tuning.json, lr_sensitivity.png and results.md's paired differences against
 --baseline report it (docs/results/fair.md, study/lr_tuning.py). Under torchrun the ranks train whole runs side by
 side (--parallel runs) or each run in turn across all ranks (--parallel data); rank 0 writes the report (docs/gpu.md).
 """
@@ -61,6 +62,13 @@ def parse_args(argv=None):
     p.add_argument("--tune_lr", nargs="+", type=float, default=None, metavar="LR",
                    help="fair study: peak learning rates to sweep per variant and depth with the first seed; the "
                         "other seeds train only at the lr with the lowest final validation loss (see above)")
+    p.add_argument("--tune_seeds", nargs="+", type=int, default=None,
+                   help="with --tune_lr: the seeds that train every grid point; the lr is chosen by their mean "
+                        "(default: the first two of --seeds)")
+    p.add_argument("--tune_lr_for", nargs="+", default=[], type=variant_grid, metavar="VARIANT=LR,LR,...",
+                   help="with --tune_lr: a variant's own starting grid, e.g. post-rmsnorm=5e-4,1e-3,2e-3")
+    p.add_argument("--report_only", action="store_true",
+                   help="write the report from the finished runs and train nothing; it lists what is left")
     p.add_argument("--baseline", default=None,
                    help=f"with --tune_lr: the variant every other one is compared with, seed by seed, at the same "
                         f"depth; when given, one of --variants (default: {DEFAULT_BASELINE}, compared with when it "
@@ -72,6 +80,12 @@ def parse_args(argv=None):
                         "run in turn across all ranks with data parallelism (DDP), for a model too big for one "
                         "device. Without torchrun nothing changes")
     return study_settings(*p.parse_known_args(argv))
+
+
+def variant_grid(text: str) -> tuple[str, list[float]]:
+    """'post-rmsnorm=5e-4,1e-3' -> ('post-rmsnorm', [0.0005, 0.001])."""
+    variant, _, lrs = text.partition("=")
+    return variant, [float(lr) for lr in lrs.split(",")]
 
 
 def study_settings(own: Namespace, rest: list[str]) -> tuple[Namespace, Namespace]:
@@ -88,7 +102,7 @@ def study_settings(own: Namespace, rest: list[str]) -> tuple[Namespace, Namespac
                             "('all' runs every variant that makes one)")
     if own.baseline is not None and own.baseline not in variants:
         raise UserError(f"--baseline {own.baseline!r} is not one of --variants; choose one of {', '.join(variants)}")
-    if bad := [s for s in own.seeds if not 0 <= s <= MAX_SEED]:
+    if bad := [s for s in own.seeds + (own.tune_seeds or []) if not 0 <= s <= MAX_SEED]:
         raise UserError(f"--seeds must be in [0, {MAX_SEED}] (numpy's seed range), got {' '.join(map(str, bad))}")
     trainer_args = fill_device_defaults(build_parser().parse_args(rest))
     if set(SET_PER_RUN) & {a.split("=")[0] for a in rest}:
@@ -106,9 +120,16 @@ def study_settings(own: Namespace, rest: list[str]) -> tuple[Namespace, Namespac
             raise UserError("--tune_lr with --parallel data would train each grid point across all ranks, one after "
                             "another; use --parallel runs (the default), which trains the grid's runs side by side")
         own.tune_lr = sorted(set(own.tune_lr))
+        own.tune_lr_for = dict(own.tune_lr_for)
+        if bad := [v for v, lrs in own.tune_lr_for.items()
+                   if v not in variants or not lrs or not all(math.isfinite(lr) and lr > 0 for lr in lrs)]:
+            raise UserError(f"--tune_lr_for {' '.join(bad)}: each must name one of --variants with lrs > 0")
+    elif own.tune_lr_for or own.tune_seeds:
+        raise UserError("--tune_lr_for and --tune_seeds go with --tune_lr")
     own.baseline = own.baseline or DEFAULT_BASELINE
     own.variants = without_repeats("--variants", variants)
     own.seeds = without_repeats("--seeds", own.seeds)
+    own.tune_seeds = without_repeats("--tune_seeds", own.tune_seeds or own.seeds[:2])
     own.depths = without_repeats("--depths", own.depths or [trainer_args.num_hidden_layers])
     own.learning_rates = without_repeats("--learning_rates", own.learning_rates or [trainer_args.learning_rate])
     own.warmup_steps = without_repeats("--warmup_steps", own.warmup_steps or [trainer_args.warmup_steps])

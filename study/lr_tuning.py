@@ -14,11 +14,20 @@ USABLE_MARGIN = 0.05
 
 @dataclass(frozen=True)
 class Point:
-    """One grid point: the peak lr, its first seed's final validation loss (None when the run diverged), and whether
-    it is usable: a run that plateaued at a low loss by luck is not a setting anyone should pick."""
+    """One grid point: the peak lr, its final validation loss (None when a run diverged), and whether it is
+    usable: a run that plateaued at a low loss by luck is not a setting anyone should pick."""
     lr: float
     val_loss: float | None
     usable: bool
+
+
+def grid_point(lr: float, seeds: list[Point]) -> Point:
+    """One lr over the tune seeds: the mean of their losses, usable only if every seed is. A lr at which any seed
+    diverged or plateaued cannot win, and choosing by the mean of several seeds keeps the choice from rewarding
+    one seed's luck, which the same seed would then carry into the reported difference."""
+    losses = [p.val_loss for p in seeds]
+    mean = None if None in losses else statistics.mean(losses)
+    return Point(lr, mean, mean is not None and all(p.usable for p in seeds))
 
 
 def choose_lr(points: list[Point]) -> float | None:
@@ -27,17 +36,16 @@ def choose_lr(points: list[Point]) -> float | None:
     return min(usable, key=lambda p: (p.val_loss, p.lr)).lr if usable else None
 
 
-def edge_extension(lrs: list[float], chosen: float | None) -> float | None:
-    """The lr to add when the choice sits at an edge of the grid (÷2 below the lowest, ×2 above the highest), or
-    below the lowest when nothing was chosen: an lr above a variant's ceiling diverges or collapses to the unigram
-    loss, so a grid where nothing trains looks lower. None when the choice lies inside the grid."""
+def edge_extension(lrs: list[float], chosen: float | None) -> list[float]:
+    """The lrs to add: ÷2 below the lowest when the choice is the lowest, ×2 above the highest when it is the
+    highest, and both when nothing was chosen (too high an lr diverges or collapses to the unigram loss, too low a
+    one can stall a norm whose signal starts small); none when the choice lies inside the grid."""
     if len(lrs) < 2:
-        return None
-    if chosen is None or chosen == min(lrs):
-        return min(lrs) / EDGE_FACTOR
-    if chosen == max(lrs):
-        return chosen * EDGE_FACTOR
-    return None
+        return []
+    below, above = min(lrs) / EDGE_FACTOR, max(lrs) * EDGE_FACTOR
+    if chosen is None:
+        return [below, above]
+    return [below] if chosen == min(lrs) else [above] if chosen == max(lrs) else []
 
 
 def usable_range(points: list[Point]) -> list[float]:

@@ -42,7 +42,7 @@ def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed
     # checkpoint left in its folder (this study's own, named after the run).
     resume = bool(find_checkpoints(out_dir))
     return Namespace(**{**vars(base), **VARIANTS[variant], "num_hidden_layers": depth, "seed": seed,
-                        "learning_rate": lr, "warmup_steps": warmup, "min_lr": min(base.min_lr, lr),
+                        "learning_rate": lr, "warmup_steps": warmup, "min_lr": None if base.min_lr is None else min(base.min_lr, lr),
                         "out_dir": str(out_dir), "resume": resume, "overwrite": not resume,
                         "wandb_group": base.wandb_group or Path(study.out_dir).name, "wandb_run_name": name,
                         "wandb_job": job})
@@ -148,42 +148,47 @@ def grid_plan(study, results: dict[Run, dict | None]) -> Plan:
 
 
 def tune_plan(study, results: dict[Run, dict], point, say) -> Plan:
-    """--tune_lr: per (variant, depth), the lr grid with the first seed (grown past a winning edge, or downwards
-    when nothing trains); once all its grid runs are finished, the choice, then the other seeds at the chosen lr
-    only. Grid runs go out before other seeds, so no rank idles while a grid still has runs to train. point(run)
-    is a finished run as a grid point; say(message) tells a decision once."""
-    warmup, first = study.warmup_steps[0], study.seeds[0]
+    """--tune_lr: per (variant, depth), its lr grid with every tune seed; once all its grid runs are finished, the
+    choice by the mean over the tune seeds (lr_tuning.grid_point), the grid grown past a winning edge, or both ways
+    when no lr trains; then every seed of --seeds at the chosen lr only. Grid runs go out before other seeds, so no
+    rank idles while a grid still has runs to train. point(run) is a finished run as a grid point (one seed);
+    say(message) tells a decision once."""
+    warmup, tune_seeds = study.warmup_steps[0], study.tune_seeds
     grid_runs, seed_runs, groups, tuning = {}, {}, {}, []
     for depth in study.depths:
         for variant in study.variants:
-            lrs = list(study.tune_lr)
-            while not (missing := [run for run in ((variant, depth, lr, warmup, first) for lr in lrs)
-                                   if run not in results]):
-                points = [point((variant, depth, lr, warmup, first)) for lr in lrs]
+            lrs = sorted(study.tune_lr_for.get(variant, study.tune_lr))
+            extensions = 0
+            while not (missing := [(variant, depth, lr, warmup, seed) for lr in lrs for seed in tune_seeds
+                                   if (variant, depth, lr, warmup, seed) not in results]):
+                seed_points = [[point((variant, depth, lr, warmup, seed)) for seed in tune_seeds] for lr in lrs]
+                points = [lr_tuning.grid_point(lr, p) for lr, p in zip(lrs, seed_points, strict=True)]
                 chosen = lr_tuning.choose_lr(points)
                 new = lr_tuning.edge_extension(lrs, chosen)
-                extension = len(lrs) - len(study.tune_lr) + 1  # each extension adds one lr outside the grid
-                if new is not None and extension > lr_tuning.MAX_EXTENSIONS and chosen is not None:
+                if new and extensions == lr_tuning.MAX_EXTENSIONS and chosen is not None:
                     say(f"{variant} L{depth}: the best lr, {chosen:g}, is still at the edge of the grid after "
                         f"{lr_tuning.MAX_EXTENSIONS} extensions; it is kept, but a better one may lie outside")
-                if new is None or extension > lr_tuning.MAX_EXTENSIONS:
+                if not new or extensions == lr_tuning.MAX_EXTENSIONS:
                     break
+                extensions += 1
                 why = (f"the best lr, {chosen:g}, is at the edge of the grid" if chosen is not None
-                       else "no lr of the grid trained without diverging or plateauing")
-                say(f"{variant} L{depth}: {why}; adding {new:g} (extension {extension} of {lr_tuning.MAX_EXTENSIONS})")
-                lrs = sorted([*lrs, new])
+                       else "no lr of the grid trained on every tune seed without diverging or plateauing")
+                say(f"{variant} L{depth}: {why}; adding {' and '.join(f'{lr:g}' for lr in new)} (extension "
+                    f"{extensions} of {lr_tuning.MAX_EXTENSIONS})")
+                lrs = sorted([*lrs, *new])
             if missing:
                 grid_runs.update(dict.fromkeys(missing, "grid"))
                 continue
-            tuning.append({"variant": variant, "depth": depth, "learning_rates": lrs,
+            tuning.append({"variant": variant, "depth": depth, "learning_rates": lrs, "tune_seeds": tune_seeds,
+                           "seed_losses": [[p.val_loss for p in ps] for ps in seed_points],
                            "val_losses": [p.val_loss for p in points], "usable": [p.usable for p in points],
-                           "chosen_lr": chosen, "at_edge": chosen is not None and new is not None,
+                           "chosen_lr": chosen, "at_edge": chosen is not None and bool(new),
                            "usable_range": lr_tuning.usable_range(points)})
             if chosen is None:
                 say(f"{variant} L{depth}: no lr of {', '.join(f'{lr:g}' for lr in lrs)} trained without "
-                    "diverging or plateauing; its other seeds are not trained")
+                    "diverging or plateauing on every tune seed; its other seeds are not trained")
                 continue
-            runs = [(variant, depth, chosen, warmup, seed) for seed in study.seeds]
+            runs = [(variant, depth, chosen, warmup, seed) for seed in dict.fromkeys([*tune_seeds, *study.seeds])]
             seed_runs.update({run: "seed" for run in runs if run not in results})
             if all(run in results for run in runs):
                 groups[variant, depth, chosen, warmup] = [results[run] for run in runs]
@@ -208,18 +213,23 @@ def train_study(study, base, worker: Worker) -> Plan:
     else:
         plan = lambda: grid_plan(study, results)  # noqa: E731
 
-    if worker.world_size > 1 and study.parallel == "runs":
-        def pending() -> list[tuple[Run, str]]:
+    def finished_so_far() -> Plan:
+        current = plan()
+        # runs finished earlier or by other ranks (and, in turn, what their results let train)
+        while fresh := {run: s for run in current.pending if (s := finished_run(base, study, *run))}:
+            results.update(fresh)
             current = plan()
-            # runs other ranks finished since the last look (and, in turn, what their results let train)
-            while fresh := {run: s for run in current.pending if (s := finished_run(base, study, *run))}:
-                results.update(fresh)
-                current = plan()
-            return list(current.pending.items())
+        return current
 
+    if study.report_only:
+        current = finished_so_far()
+        print(f"--report_only: {len(current.pending)} runs the study asks for are not trained")
+        return current
+    if worker.world_size > 1 and study.parallel == "runs":
         # With --tune_lr a finished grid lets new runs train, and rank 0 writes the report: those ranks wait for
         # the others; in a grid study the other ranks are done once nothing is left to take.
-        train_in_parallel(pending, lambda item: Path(study.out_dir) / ".claims" / f"{run_name(*item[0])}.lock",
+        train_in_parallel(lambda: list(finished_so_far().pending.items()),
+                          lambda item: Path(study.out_dir) / ".claims" / f"{run_name(*item[0])}.lock",
                           lambda item: Path(study.out_dir) / "runs" / run_name(*item[0]), train_one,
                           base.dist_timeout, wait=bool(study.tune_lr) or worker.rank == 0)
         return plan()

@@ -135,7 +135,7 @@ def fake_runs(monkeypatch) -> tuple[list, set]:
     def fake_run(base, study, variant, depth, lr, warmup, seed, job):
         trained.append((variant, lr, seed))
         # what the run is to the study, its wandb tag job=...
-        assert job == ("run" if study.tune_lr is None else "grid" if seed == study.seeds[0] else "seed")
+        assert job == ("run" if study.tune_lr is None else "grid" if seed in study.tune_seeds else "seed")
         return {"variant": variant, "seed": seed, "diverged": False, "plateaued": False, "val_bpb": 1.0,
                 "val_loss": 4.0 + seed / 100 + abs(math.log2(lr / 2e-3)), "tokens_per_s": None, "s_per_step": None,
                 "norm_params": 10}
@@ -159,14 +159,14 @@ def test_repeated_seeds_and_variants_run_and_count_once(fake_runs, capsys):
     assert sorted(trained) == sorted({*trained}) and len(trained) == 4
     assert [len(runs) for runs in groups.values()] == [2, 2]
     assert "| 4.005 ± 0.007 | 1.000 ± 0.000 | — | — | 10 | 0/2 | 0/2 |" in results_table(groups, False)
-    # ... and in the fair study, where the first seed tunes and each other seed trains once at the choice
+    # ... and in the fair study, where the first two seeds tune and each other seed trains once at the choice
     trained.clear()
-    study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "--seeds", "0", "1", "0", "1",
+    study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "--seeds", "0", "1", "2", "0", "2",
                                            "--tune_lr", "1e-3", "2e-3", "4e-3"])
     groups = runner.train_study(study, base, Worker()).groups
-    assert trained == [("pre-rmsnorm", 1e-3, 0), ("pre-rmsnorm", 2e-3, 0), ("pre-rmsnorm", 4e-3, 0),
-                       ("pre-rmsnorm", 2e-3, 1)]
-    assert [[r["seed"] for r in runs] for runs in groups.values()] == [[0, 1]]
+    assert trained == [("pre-rmsnorm", lr, seed) for lr in (1e-3, 2e-3, 4e-3) for seed in (0, 1)] + [
+        ("pre-rmsnorm", 2e-3, 2)]
+    assert [[r["seed"] for r in runs] for runs in groups.values()] == [[0, 1, 2]]
 
 
 def test_a_finished_run_is_reused_with_a_flag_it_predates_as_its_default_and_refused_with_other_values(
@@ -281,7 +281,8 @@ def test_unigram_loss_is_the_smoothed_frequency_model(tmp_path, tiny_corpus, tin
 def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reruns_nothing(study, monkeypatch):
     # Runs of a few steps learn too little to beat a unigram model; judged on loss alone, none counts as plateaued.
     monkeypatch.setattr(runner, "unigram_loss", lambda base: math.inf)
-    flags = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--tune_lr", "1e-3", "3e-2",
+    flags = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--tune_seeds", "0",
+             "--tune_lr", "1e-3", "3e-2",
              "--max_steps", "3", "--eval_interval", "3", "--warmup_steps", "0", "--log_interval", "3")
     out = study(*flags)
     tuning = json.loads((out / "tuning.json").read_text())
@@ -327,23 +328,37 @@ def test_speed_columns_leave_out_runs_without_a_timed_step():
     assert "| — | — |" in results_table({("pre-rmsnorm", 2, 1e-3, 10): runs[:1]}, grid=False)
 
 
-def test_a_variant_that_trains_at_no_lr_grows_its_grid_downwards_and_trains_no_other_seed(fake_runs, capsys):
-    """The tuning loop on stand-in runs: every run of post-rmsnorm collapses, pre-rmsnorm's best is inside."""
+def test_a_variant_that_trains_at_no_lr_grows_its_grid_both_ways_and_trains_no_other_seed(fake_runs, capsys,
+                                                                                          monkeypatch):
+    """The tuning loop on stand-in runs: every run of post-rmsnorm collapses, pre-rmsnorm's best is inside; its own
+    grid (--tune_lr_for) is post-rmsnorm's start."""
     trained, collapsing = fake_runs
     collapsing.add("post-rmsnorm")
-    study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1",
-                                           "--tune_lr", "1e-3", "2e-3", "4e-3"])
+    fake = runner.run_one
+    study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "2",
+                                           "--tune_lr", "1e-3", "2e-3", "4e-3", "--tune_lr_for",
+                                           "post-rmsnorm=2e-3,4e-3"])
     plan = runner.train_study(study, base, Worker())
     pre, post = plan.tuning
     assert pre["chosen_lr"] == 2e-3 and pre["learning_rates"] == [1e-3, 2e-3, 4e-3] and not pre["at_edge"]
+    assert pre["seed_losses"][1] == [4.0, 4.01] and pre["val_losses"][1] == pytest.approx(4.005)
     assert post["chosen_lr"] is None and not post["at_edge"]
-    assert post["learning_rates"] == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]  # two halvings below the grid, no more
-    assert [lr for v, lr, s in trained if v == "post-rmsnorm"] == [1e-3, 2e-3, 4e-3, 5e-4, 2.5e-4]
-    assert [(v, lr) for v, lr, s in trained if s == 1] == [("pre-rmsnorm", 2e-3)]
+    assert post["learning_rates"] == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]  # two rounds each way, no more
+    assert [lr for v, lr, s in trained if v == "post-rmsnorm" and s == 1] == [2e-3, 4e-3, 1e-3, 8e-3, 5e-4, 1.6e-2]
+    assert [(v, lr) for v, lr, s in trained if s == 2] == [("pre-rmsnorm", 2e-3)]
     assert list(plan.groups) == [("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0])]
     out = capsys.readouterr().out
-    assert "post-rmsnorm L8: no lr of the grid trained without diverging or plateauing; adding 0.0005" in out
+    assert ("post-rmsnorm L8: no lr of the grid trained on every tune seed without diverging or plateauing; "
+            "adding 0.001 and 0.008 (extension 1 of 2)") in out
     assert "still at the edge" not in out
+    # --report_only plans from the finished runs and trains nothing: here all but pre-rmsnorm's fresh seed
+    monkeypatch.setattr(runner, "run_one", lambda *run: pytest.fail("trained"))
+    monkeypatch.setattr(runner, "finished_run", lambda base, study, variant, depth, lr, warmup, seed: None if (
+        variant, seed) == ("pre-rmsnorm", 2) else fake(base, study, variant, depth, lr, warmup, seed, "grid"))
+    study.report_only = True
+    plan = runner.train_study(study, base, Worker())
+    assert list(plan.pending) == [("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0], 2)] and not plan.groups
+    assert "--report_only: 1 runs the study asks for are not trained" in capsys.readouterr().out
 
 
 def test_a_study_of_many_variants_draws_no_two_lines_alike(tmp_path, monkeypatch):

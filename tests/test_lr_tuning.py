@@ -9,6 +9,7 @@ from study.lr_tuning import (
     Point,
     choose_lr,
     edge_extension,
+    grid_point,
     pair_by_seed,
     paired_difference,
     same_cpu_type,
@@ -29,12 +30,27 @@ def test_the_lowest_usable_loss_wins_and_failed_runs_never_do():
 
 
 @pytest.mark.parametrize(("grid", "chosen", "added"), [
-    ([1e-3, 2e-3, 4e-3], 1e-3, 5e-4), ([1e-3, 2e-3, 4e-3], 4e-3, 8e-3), ([1e-3, 2e-3, 4e-3], 2e-3, None),
-    ([1e-3], 1e-3, None),  # a single point has no direction to grow in
-    ([1e-3, 2e-3, 4e-3], None, 5e-4), ([5e-4, 1e-3, 2e-3, 4e-3], None, 2.5e-4), ([1e-3], None, None),
+    ([1e-3, 2e-3, 4e-3], 1e-3, [5e-4]), ([1e-3, 2e-3, 4e-3], 4e-3, [8e-3]), ([1e-3, 2e-3, 4e-3], 2e-3, []),
+    ([1e-3], 1e-3, []),  # a single point has no direction to grow in
+    ([1e-3, 2e-3, 4e-3], None, [5e-4, 8e-3]), ([5e-4, 1e-3, 2e-3, 4e-3], None, [2.5e-4, 8e-3]), ([1e-3], None, []),
 ])
-def test_a_winner_at_an_edge_grows_the_grid_by_two_and_a_grid_where_nothing_trains_grows_down(grid, chosen, added):
+def test_a_winner_at_an_edge_grows_the_grid_by_two_and_a_grid_where_nothing_trains_grows_both_ways(
+        grid, chosen, added):
     assert edge_extension(grid, chosen) == added
+
+
+def test_an_lr_scores_the_mean_of_its_tune_seeds_and_any_failed_seed_disqualifies_it():
+    assert grid_point(2e-3, [Point(2e-3, 4.2, True), Point(2e-3, 4.4, True)]) == Point(2e-3, pytest.approx(4.3), True)
+    # one seed plateaued: the mean is kept for the figure, but the lr cannot win
+    assert grid_point(4e-3, [Point(4e-3, 4.0, True), Point(4e-3, 4.1, False)]) == Point(4e-3, pytest.approx(4.05),
+                                                                                           False)
+    # one seed diverged: no loss, and the survivors' mean does not stand in for it
+    assert grid_point(8e-3, [Point(8e-3, 3.9, True), Point(8e-3, None, False)]) == Point(8e-3, None, False)
+    # seed 0 alone would pick 2e-3, the mean of both picks 4e-3
+    seeds = {2e-3: [Point(2e-3, 4.20, True), Point(2e-3, 4.40, True)],
+             4e-3: [Point(4e-3, 4.25, True), Point(4e-3, 4.30, True)]}
+    assert choose_lr([points[0] for points in seeds.values()]) == 2e-3
+    assert choose_lr([grid_point(lr, points) for lr, points in seeds.items()]) == 4e-3
 
 
 def test_usable_range_is_every_usable_point_within_the_margin_of_the_best():

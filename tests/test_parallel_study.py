@@ -83,13 +83,13 @@ def test_a_worker_takes_its_own_share_and_hides_torchrun_from_the_trainer(monkey
 
 
 def test_tuning_sends_every_grid_run_out_before_any_other_seed(monkeypatch):
-    study, _ = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1",
+    study, _ = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "2",
                                         "--tune_lr", "1e-3", "2e-3", "4e-3"])
     point = lambda run: lr_tuning.Point(run[2], abs(run[2] - 2e-3), True)  # noqa: E731
-    grid = {("pre-rmsnorm", 8, lr, study.warmup_steps[0], 0): {} for lr in (1e-3, 2e-3, 4e-3)}
+    grid = {("pre-rmsnorm", 8, lr, study.warmup_steps[0], seed): {} for lr in (1e-3, 2e-3, 4e-3) for seed in (0, 1)}
     plan = tune_plan(study, grid, point, print)  # pre's grid is done, post's not started
-    assert list(plan.pending.values()) == ["grid"] * 3 + ["seed"]
-    assert list(plan.pending)[-1] == ("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0], 1)
+    assert list(plan.pending.values()) == ["grid"] * 6 + ["seed"]
+    assert list(plan.pending)[-1] == ("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0], 2)
     assert [t["variant"] for t in plan.tuning] == ["pre-rmsnorm"] and plan.groups == {}
 
 

@@ -12,7 +12,7 @@ import torch
 
 import trainer.train_pretrain as tp
 from common.cli import UserError
-from trainer.args import build_parser, float_flags, parse_args
+from trainer.args import build_parser, final_lr, float_flags, parse_args
 from trainer.run_dir import find_checkpoints
 from trainer.tracking import read_metrics
 
@@ -116,19 +116,20 @@ def test_every_float_flag_must_be_finite(flag, value, tmp_path):
     (["--seed", -1], "--seed must be in [0, 2**32 - 1], got -1"),
     (["--seed", 2**32], f"--seed must be in [0, 2**32 - 1], got {2**32}"),
     # the cosine schedule would climb from --learning_rate to --min_lr instead of decaying
-    (["--learning_rate", "1e-3", "--min_lr", "0.5"], "--min_lr 0.5 is above --learning_rate 0.001, so the decay "
-     "would raise the rate; set --min_lr at most --learning_rate"),
+    (["--learning_rate", "1e-3", "--min_lr", "0.5"], "the decay would end at 0.5, not in [0, --learning_rate "
+     "0.001]; set --min_lr_ratio in [0, 1], or --min_lr at most --learning_rate"),
+    (["--min_lr_ratio", "1.5"], "the decay would end at 0.009, not in [0, --learning_rate 0.006]; set "
+     "--min_lr_ratio in [0, 1], or --min_lr at most --learning_rate"),
 ])
 def test_a_bad_value_is_one_line_before_anything_is_written(more, message, flags, tmp_path):
     assert refusal(flags(*more)) == message
     assert not (tmp_path / "run").exists()
 
 
-def test_min_lr_defaults_to_2e_4_or_the_peak_when_that_is_lower(flags):
-    assert parse_args(flags("--learning_rate", "1e-3", "--min_lr", "1e-3")).min_lr == 1e-3  # a constant rate
-    # left unset, it is 2e-4, or the peak when that is lower: a low --learning_rate alone still trains
-    assert parse_args(flags("--learning_rate", "1e-3")).min_lr == 2e-4
-    assert parse_args(flags("--learning_rate", "1e-4")).min_lr == 1e-4
+def test_the_decay_ends_at_a_fraction_of_the_peak_unless_min_lr_is_given(flags):
+    assert final_lr(parse_args(flags("--learning_rate", "8e-3"))) == pytest.approx(8e-4)  # 10% of every peak
+    assert final_lr(parse_args(flags("--learning_rate", "1e-3", "--min_lr_ratio", "0"))) == 0
+    assert final_lr(parse_args(flags("--learning_rate", "1e-3", "--min_lr", "2e-4"))) == 2e-4  # the old studies
 
 
 def test_muon_without_torch_optim_muon_is_refused(flags, monkeypatch):

@@ -36,7 +36,6 @@ def on_device(name: str, unset: str = "") -> str:
     return f"default: {shown['cuda']} on CUDA, {shown['cpu']} on CPU"
 
 
-MIN_LR = 2e-4  # the cosine decay's floor unless --min_lr says otherwise
 # What a run is to its study (--wandb_job): a plain run, a point of a learning-rate grid, another seed at the chosen lr
 WANDB_JOBS = ("run", "grid", "seed")
 
@@ -79,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"sequences per micro-batch per process ({on_device('batch_size')})")
     opt.add_argument("--accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
     opt.add_argument("--learning_rate", type=float, help=f"peak learning rate ({on_device('learning_rate')})")
-    opt.add_argument("--min_lr", type=float, help=f"learning rate at the end of the cosine decay (default: "
-                     f"{MIN_LR:g}, or --learning_rate when that is lower)")
+    opt.add_argument("--min_lr_ratio", type=float, default=0.1, help="the cosine decay ends at this fraction of "
+                     "the peak --learning_rate, so every lr anneals alike")
+    opt.add_argument("--min_lr", type=float, help="an absolute end of the cosine decay, in place of "
+                     "--min_lr_ratio (the studies in docs/results before 2026-11-26 used 2e-4)")
     opt.add_argument("--lr_decay_steps", type=int, help="length of the cosine schedule (default: "
                      "--max_steps); set it to stop a run early and later --resume it with a larger "
                      "--max_steps on the same schedule")
@@ -156,7 +157,7 @@ FLAG_ROLES = {
     "data_path": DATA, "text_field": DATA, "tokenizer_path": DATA, "streaming": ADJUSTABLE, "max_seq_len": FIXED,
     **{switch.flag_name: ARCH for switch in SWITCHES}, "preset": SHORTHAND, "variant": SHORTHAND, "optimizer": FIXED,
     "max_steps": ADJUSTABLE, "batch_size": FIXED, "accumulation_steps": FIXED, "learning_rate": ADJUSTABLE,
-    "min_lr": ADJUSTABLE, "lr_decay_steps": ADJUSTABLE, "warmup_steps": ADJUSTABLE, "weight_decay": FIXED,
+    "min_lr": ADJUSTABLE, "min_lr_ratio": ADJUSTABLE, "lr_decay_steps": ADJUSTABLE, "warmup_steps": ADJUSTABLE, "weight_decay": FIXED,
     "norm_weight_decay": FIXED, "grad_clip": ADJUSTABLE,
     "out_dir": BOOKKEEPING, "device": ADJUSTABLE, "dtype": ADJUSTABLE, "compile": ADJUSTABLE, "seed": FIXED,
     "log_interval": ADJUSTABLE, "diag_interval": ADJUSTABLE, "eval_interval": ADJUSTABLE, "eval_steps": ADJUSTABLE,
@@ -179,7 +180,7 @@ def config_fields() -> dict[str, str]:
 
 POSITIVE = ("max_steps", "batch_size", "accumulation_steps", "max_seq_len", "log_interval", "eval_interval",
             "eval_steps", "save_interval", "keep_checkpoints", "diag_interval", "lr_decay_steps", "num_proc")
-NON_NEGATIVE = ("min_lr", "warmup_steps", "weight_decay", "grad_clip")
+NON_NEGATIVE = ("warmup_steps", "weight_decay", "grad_clip")
 # Every float flag must also be finite: NaN passes any "< 0" test, and inf passes "> 0" only to turn every weight
 # into NaN at the first update. (The model config checks the architecture's.)
 POSITIVE_FLOATS = ("learning_rate", "dist_timeout")
@@ -212,8 +213,6 @@ def fill_device_defaults(args: argparse.Namespace) -> argparse.Namespace:
     for switch in SWITCHES:
         if getattr(args, switch.flag_name) is None:
             setattr(args, switch.flag_name, getattr(implied, switch.name))
-    if args.min_lr is None:  # a decay that ends above the peak would raise the rate
-        args.min_lr = min(MIN_LR, args.learning_rate)
     return args
 
 
@@ -234,9 +233,9 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     if args.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
         raise UserError(f"--optimizer muon needs torch.optim.Muon (torch 2.9 or newer); this is torch "
                         f"{torch.__version__}: upgrade torch, or use --optimizer adamw")
-    if args.min_lr > args.learning_rate:  # the cosine "decay" would raise the rate from the peak to min_lr
-        raise UserError(f"--min_lr {args.min_lr:g} is above --learning_rate {args.learning_rate:g}, so the decay "
-                        "would raise the rate; set --min_lr at most --learning_rate")
+    if not 0 <= final_lr(args) <= args.learning_rate:  # the cosine "decay" would raise the rate from the peak
+        raise UserError(f"the decay would end at {final_lr(args):g}, not in [0, --learning_rate "
+                        f"{args.learning_rate:g}]; set --min_lr_ratio in [0, 1], or --min_lr at most --learning_rate")
     if not 0 <= args.seed < 2**32:  # numpy refuses a negative seed; 32 bits are a seed every RNG library takes
         raise UserError(f"--seed must be in [0, 2**32 - 1], got {args.seed}")
     out = Path(args.out_dir)
@@ -246,6 +245,11 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     if args.resume and not find_checkpoints(out):
         raise no_checkpoint(out, resume=True)
     return args
+
+
+def final_lr(args: argparse.Namespace) -> float:
+    """Where the cosine decay ends: --min_lr if given, else --min_lr_ratio of the peak."""
+    return args.min_lr if args.min_lr is not None else args.min_lr_ratio * args.learning_rate
 
 
 def given_flags(argv: list[str] | None) -> set[str]:

@@ -47,7 +47,7 @@ from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.names import VARIANT_SWITCHES
 from model.norms import NORM_MODULES
 from trainer import run_dir
-from trainer.args import arch_fields, parse_args
+from trainer.args import arch_fields, final_lr, parse_args
 from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, resolve_dtype
 from trainer.diagnostics import block_grad_norms, flops_per_token, layer_stats, peak_flops, peak_memory_mb
 from trainer.evaluation import evaluate
@@ -406,7 +406,7 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
     t0 = time.perf_counter()
     try:
         while state.step < args.max_steps:
-            lr = lr_at(state.step, args.lr_decay_steps or args.max_steps, args.learning_rate, args.min_lr,
+            lr = lr_at(state.step, args.lr_decay_steps or args.max_steps, args.learning_rate, final_lr(args),
                        args.warmup_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
