@@ -2,6 +2,8 @@
 
 import argparse
 import contextlib
+import errno
+import math
 import os
 import shutil
 import sys
@@ -28,14 +30,32 @@ def cannot_write(what: str, err: BaseException, remedy: str, free_in: Path | Non
     return UserError(f"cannot write {what} ({reason}); {remedy}")
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the description's line breaks and appends each flag's default, unless there is none to show."""
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """argparse's own: each flag's default after its help, the description's line breaks kept."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text:
-            text += " (default: %(default)s)"
-        return text
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a float that is neither inf nor nan (nan passes every comparison's check unnoticed)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+def non_negative(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    value = finite_float(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -67,10 +87,19 @@ def require_writable_dir(flag: str, path: Path) -> None:
         raise UserError(f"{flag} {path} is not writable ({parent} is not a writable directory)")
 
 
+# A write the OS refused: a read-only or unwritable folder, a full disk or quota.
+CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
 def run_cli(main: Callable[[], object]) -> None:
-    """Run a script's main(); turn a UserError into `error: <message>` on stderr and exit 2."""
+    """Run a script's main(); a UserError, or a write the OS refused, ends in `error: <one line>` and exit 2."""
     try:
         main()
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as err:
+        if err.errno not in CANNOT_WRITE:
+            raise
+        print(f"error: cannot write {err.filename or 'a file'} ({err.strerror})", file=sys.stderr)
         sys.exit(2)

@@ -36,6 +36,36 @@ def point_symlink(link: Path, target_name: str) -> None:
     os.replace(tmp, link)
 
 
+@contextmanager
+def replaced(path: Path) -> Iterator[Path]:
+    """A fresh temporary sibling of path (a file or folder) to write into; when the block ends it replaces path,
+    or, if the block raised, it is removed. path, even a symlink planted there, is replaced, never written
+    through, and a reader sees the old version or the whole new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    remove(tmp)
+    try:
+        yield tmp
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)  # os.replace renames a folder only onto an empty one
+        os.replace(tmp, path)
+    finally:
+        remove(tmp)
+
+
+def remove(path: Path) -> None:
+    """Delete a file, link or folder tree, if there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def write_atomically(path: Path, data: str | bytes) -> None:
+    with replaced(path) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
 def write_file_atomically(path: Path, write):
     """Call write(binary_file) on a temporary file beside path, then rename it into place; return what write
     returned. Readers never see half a file, and an interrupted write leaves only the old one."""

@@ -10,8 +10,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from model.rmsnorm_kernels import rms_norm
-
 if TYPE_CHECKING:
     from model.model_minimind import MiniMindConfig
 
@@ -37,12 +35,16 @@ class Norm(nn.Module):
         return formula(x, self.weight)
 
 
-class RMSNorm(Norm):
-    """y = x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019); elementwise_affine=False: no weight.
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps), the statistics in float32 (mean(x^2) over 512 bf16 values loses most of its
+    precision), rounded back to x's dtype before the weight multiplies, as in Llama; compile fuses it on a GPU."""
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return y if weight is None else y * weight
 
-    Statistics in float32 (mean(x^2) over 512 bf16 values loses most of its precision), cast back before the
-    weight multiplies, as in Llama, so under autocast the output is float32 (arithmetic: rmsnorm_kernels.py).
-    """
+
+class RMSNorm(Norm):
+    """y = x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019); elementwise_affine=False: no weight."""
 
     def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True, one_plus_w: bool = False):
         super().__init__(one_plus_w and elementwise_affine)  # without a gain, nothing to store as w
