@@ -7,7 +7,7 @@ placements with their formulas, module names and norm counts, and the Hugging Fa
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -21,10 +21,6 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from model.norms import NORM_TYPES, RMSNorm, count_norms, init_norm, make_norm
 
 __all__ = ["RMSNorm", "count_norms"]  # the default norm and the count users check, re-exported from model/norms.py
-
-# transformers 5.24 renamed the KV cache from past_key_values to cache (generate()'s argument and the outputs it
-# reads): the model takes both names and returns the installed release's, so generation keeps its context.
-CACHE_FIELD = "cache" if "cache" in {f.name for f in fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -123,55 +119,41 @@ class Switch:
 
 
 POSITIVE_INT = (lambda v: v >= 1, "a positive integer")
-ABOVE_ZERO = (lambda v: v > 0, "> 0 (or unset for the default)")
-SWITCHES = (
+ABOVE_ZERO = (lambda v: v > 0, "> 0")
+SWITCHES = (  # one help line each; docs/model.md has the full table
     Switch("hidden_size", 512, "model width", int, allowed=POSITIVE_INT),
-    Switch("intermediate_size", None, "SwiGLU width (default: 8/3 x hidden_size rounded up to a multiple of 64)",
-           int, allowed=POSITIVE_INT),
-    Switch("num_hidden_layers", 8, "number of transformer blocks", int, allowed=POSITIVE_INT),
+    Switch("intermediate_size", None, "SwiGLU width (default: 8/3 x hidden_size, rounded up to 64)", int,
+           allowed=POSITIVE_INT),
+    Switch("num_hidden_layers", 8, "transformer blocks", int, allowed=POSITIVE_INT),
     Switch("num_attention_heads", 8, "query heads", int, allowed=POSITIVE_INT),
     Switch("num_key_value_heads", 2, "key/value heads (grouped-query attention)", int, allowed=POSITIVE_INT),
-    Switch("rms_norm_eps", 1e-5, "epsilon added to the variance in every norm with statistics", float,
-           allowed=ABOVE_ZERO),
-    Switch("norm_type", "rmsnorm", "the norm in every slot of the placement (table: docs/model.md); batchnorm is "
-           "a demonstration that leaks later tokens, not a candidate", choices=tuple(NORM_TYPES), flag="norm"),
-    Switch("norm_position", "pre", "where the norms sit in each block: pre x + F(N(x)); post N(x + F(x)); peri "
-           "x + N(F(N(x))); reorder x + N(F(x)); deepnorm N(a*x + F(x)); mix: post then pre (Mix-LN); hybrid: "
-           "N(x + Attn(x)) with q, k, v normed, then h + FFN(h); hybrid_star: block 0 pre, the rest hybrid; rezero "
-           "x + a*F(x), no norm (docs/model.md)", choices=NORM_POSITIONS),
-    Switch("mix_ln_fraction", 0.25, "with norm_position mix: the share of the blocks, from the input, that are "
-           "Post-Norm", float, allowed=(lambda v: 0 <= v <= 1, "in [0, 1]")),
-    Switch("norm_scaling", "none", "depth: the input norms of block l times 1/sqrt(l) (LayerNorm Scaling)",
+    Switch("rms_norm_eps", 1e-5, "epsilon of every norm with statistics", float, allowed=ABOVE_ZERO),
+    Switch("norm_type", "rmsnorm", "the norm in every slot (batchnorm: a demonstration that leaks later tokens)",
+           choices=tuple(NORM_TYPES), flag="norm"),
+    Switch("norm_position", "pre", "where the norms sit in each block (README's table)", choices=NORM_POSITIONS),
+    Switch("mix_ln_fraction", 0.25, "Mix-LN: the share of the blocks, from the input, that are Post-Norm", float,
+           allowed=(lambda v: 0 <= v <= 1, "in [0, 1]")),
+    Switch("norm_scaling", "none", "depth: block l's input norms times 1/sqrt(l) (LayerNorm Scaling)",
            choices=("none", "depth"), token={"depth": "depth"}),
-    Switch("qk_norm", None, "normalize q and k before RoPE, per head (Qwen3, Gemma 3) or over the projection "
-           "(OLMo 2) (default: head for hybrid placements, else none)", choices=("none", "head", "proj"),
+    Switch("qk_norm", None, "normalize q and k per head (Qwen3) or over the projection (OLMo 2) "
+           "(default: head for hybrid placements, else none)", choices=("none", "head", "proj"),
            token={"head": "qk_head", "proj": "qk_proj"}),
-    Switch("v_norm", None, "head: normalize each head's values (Gemma 3n/4's QKV-norm with qk_norm head) "
-           "(default: head for hybrid placements, else none)", choices=("none", "head"), token={"head": "v_head"}),
-    Switch("sub_norm", False, "norms inside the sublayers, before o_proj and down_proj (BitNet's Sub-LN)", bool,
-           token={True: "sub"}),
-    Switch("embed_norm", "none", "after the embedding lookup: scale, times sqrt(hidden_size) (Gemma); norm, a "
-           "norm (BLOOM, nanochat)", choices=("none", "scale", "norm"),
-           token={"scale": "embed_scale", "norm": "embed_norm"}),
-    Switch("norm_gain", "w", "one_plus_w: every gain stored as w, init 0, applied as 1 + w (Gemma 2/3)",
+    Switch("v_norm", None, "head: normalize each head's values too (Gemma 3n/4) (default as --qk_norm)",
+           choices=("none", "head"), token={"head": "v_head"}),
+    Switch("sub_norm", False, "norms before o_proj and down_proj (BitNet's Sub-LN)", bool, token={True: "sub"}),
+    Switch("embed_norm", "none", "after the embedding: scale by sqrt(hidden_size) (Gemma), or norm (BLOOM)",
+           choices=("none", "scale", "norm"), token={"scale": "embed_scale", "norm": "embed_norm"}),
+    Switch("norm_gain", "w", "one_plus_w: gains stored as w from 0, applied as 1 + w (Gemma 2/3)",
            choices=("w", "one_plus_w"), token={"one_plus_w": "one_plus_w"}),
-    Switch("attn_gate", "none", "scale each head's output by sigmoid(gate), the gate logits from q_proj: one per "
-           "dimension (elementwise, Qwen3-Next) or per head", choices=("none", "headwise", "elementwise"),
-           token={"elementwise": "gate", "headwise": "gate_head"}),
-    Switch("attn_sinks", False, "a learnable sink logit per head in every softmax (GPT-OSS, DeepSeek-V4)", bool,
+    Switch("attn_sinks", False, "a learnable sink logit per head in every softmax (GPT-OSS)", bool,
            token={True: "sinks"}),
-    Switch("logit_softcap", 0.0, "logits C * tanh(z / C) in float32, in training and generation (Gemma 2: 30, "
-           "nanochat: 15); 0 = off", float, allowed=(lambda v: 0 <= v < math.inf, "a finite number >= 0"),
-           token="softcap"),
-    Switch("dyt_alpha_init", 0.5, "with norm_type dyt or derf: the starting alpha of every such norm not set "
-           "per position (the papers' 0.5)", float, allowed=ABOVE_ZERO),
-    *(Switch(f"dyt_alpha_init_{site}", None, f"with norm_type dyt or derf: the starting alpha of {where} (DyT's "
-             "LLaMA 7B recipe: attn 0.8, mlp 0.2, final 0.2)", float, allowed=ABOVE_ZERO)
-      for site, where in (("attn", "the attention norms"), ("mlp", "the MLP norms"), ("final", "the final norm"))),
-    Switch("deepnorm_alpha", None, "with norm_position deepnorm: the skip scale (default DeepNet's (2L)^(1/4))",
-           float, allowed=ABOVE_ZERO),
-    Switch("deepnorm_beta", None, "with norm_position deepnorm: the init scale (default DeepNet's (8L)^(-1/4))",
-           float, allowed=ABOVE_ZERO),
+    Switch("logit_softcap", 0.0, "logits C * tanh(z / C) in float32 (Gemma 2: 30, nanochat: 15); 0 = off", float,
+           allowed=(lambda v: 0 <= v < math.inf, "a finite number >= 0"), token="softcap"),
+    Switch("dyt_alpha_init", 0.5, "DyT/Derf: the starting alpha where not set per site", float, allowed=ABOVE_ZERO),
+    *(Switch(f"dyt_alpha_init_{site}", None, f"DyT/Derf: the starting alpha of the {site} norms", float,
+             allowed=ABOVE_ZERO) for site in ("attn", "mlp", "final")),
+    Switch("deepnorm_alpha", None, "DeepNorm's skip scale (default (2L)^(1/4))", float, allowed=ABOVE_ZERO),
+    Switch("deepnorm_beta", None, "DeepNorm's init scale (default (8L)^(-1/4))", float, allowed=ABOVE_ZERO),
 )
 SWITCH = {s.name: s for s in SWITCHES}
 
@@ -197,34 +179,23 @@ def config_problem(values: dict, name: Callable[[str], str] = str) -> str | None
             return f"{name(s.name)} must be true or false, got {value!r}"
         if s.allowed and value is not None and not s.allowed[0](value):
             return f"{name(s.name)} must be {s.allowed[1]}, got {value}"
-    heads, kv_heads = name("num_attention_heads"), name("num_key_value_heads")
-    if c.hidden_size % c.num_attention_heads:
-        return (f"{name('hidden_size')} ({c.hidden_size}) must be divisible by {heads} ({c.num_attention_heads}); "
-                f"allowed: a divisor of {name('hidden_size')}")
-    if (c.hidden_size // c.num_attention_heads) % 2:
-        return (f"{name('hidden_size')} / {heads} must be even for rotary embeddings, "
-                f"got {c.hidden_size // c.num_attention_heads}")
+    width, heads, kv_heads = name("hidden_size"), name("num_attention_heads"), name("num_key_value_heads")
+    if c.hidden_size % c.num_attention_heads or c.hidden_size // c.num_attention_heads % 2:
+        return (f"{width} ({c.hidden_size}) must be {heads} ({c.num_attention_heads}) times an even head size "
+                "(rotary embeddings rotate pairs)")
     if c.num_attention_heads % c.num_key_value_heads:
-        return (f"{heads} ({c.num_attention_heads}) must be divisible by {kv_heads} ({c.num_key_value_heads}); "
-                f"allowed: a divisor of {heads}")
+        return f"{heads} ({c.num_attention_heads}) must be a multiple of {kv_heads} ({c.num_key_value_heads})"
     if c.norm_scaling != "none" and c.norm_position not in ("pre", "mix"):
-        return (f"{name('norm_scaling')}={c.norm_scaling!r} scales the input norms of Pre-Norm blocks; allowed "
-                f"with {name('norm_position')} 'pre' or 'mix', got {c.norm_position!r}")
-    for field in ("qk_norm", "v_norm"):
-        if c.norm_position in QKV_PLACEMENTS and getattr(c, field) != "head":
-            return (f"{name('norm_position')}={c.norm_position!r} (HybridNorm) normalizes q, k and v per head in place "
-                    f"of the attention input norm, so it implies {name(field)}='head'; got "
-                    f"{name(field)}={getattr(c, field)!r}: leave {name(field)} unset or set it to 'head'")
-    for field in ("qk_norm", "v_norm"):
-        if getattr(c, field) != "none" and c.norm_type == "none":
-            return (f"{name(field)}={getattr(c, field)!r} needs a norm to apply; allowed with any {name('norm_type')} "
-                    f"but 'none' (or set {name(field)}='none')")
-    for field, adds_norms in (("sub_norm", c.sub_norm), ("embed_norm", c.embed_norm == "norm")):
-        if adds_norms and c.norm_type == "none":
-            return f"{name(field)}={getattr(c, field)!r} adds norms; allowed with any {name('norm_type')} but 'none'"
+        return f"{name('norm_scaling')} scales Pre-Norm blocks' input norms: use {name('norm_position')} pre or mix"
+    if c.norm_position in QKV_PLACEMENTS and (c.qk_norm, c.v_norm) != ("head", "head"):
+        return (f"{name('norm_position')} {c.norm_position} (HybridNorm) normalizes q, k and v per head: leave "
+                f"{name('qk_norm')} and {name('v_norm')} unset, or head")
+    adding = [f for f, on in (("qk_norm", c.qk_norm != "none"), ("v_norm", c.v_norm != "none"),
+                              ("sub_norm", c.sub_norm), ("embed_norm", c.embed_norm == "norm")) if on]
+    if adding and c.norm_type == "none":
+        return f"{name(adding[0])} adds norms, but {name('norm_type')} is none"
     if c.norm_gain != "w" and not NORM_TYPES[c.norm_type].gain:
-        return (f"{name('norm_gain')}={c.norm_gain!r} reparametrizes a norm's gain, and {name('norm_type')}="
-                f"{c.norm_type!r} has none; allowed with {[n for n, t in NORM_TYPES.items() if t.gain]}")
+        return f"{name('norm_gain')} {c.norm_gain} needs a gain, which {name('norm_type')} {c.norm_type} has not"
 
 
 class MiniMindConfig(PretrainedConfig):
@@ -274,8 +245,8 @@ class MiniMindBlock(nn.Module):
             self.attn_residual_scale = nn.Parameter(torch.zeros(1))
             self.mlp_residual_scale = nn.Parameter(torch.zeros(1))
 
-    def forward(self, x, rope, mask, past_key_values=None) -> torch.Tensor:
-        x = self.residual(x, self.plan.attn, lambda h: self.self_attn(h, rope, mask, past_key_values), "attn")
+    def forward(self, x, rope, mask, cache=None) -> torch.Tensor:
+        x = self.residual(x, self.plan.attn, lambda h: self.self_attn(h, rope, mask, cache), "attn")
         return self.residual(x, self.plan.mlp, self.mlp, "mlp")
 
     def residual(self, x: torch.Tensor, slots: Slots, sublayer, site: str) -> torch.Tensor:
@@ -322,10 +293,7 @@ class Attention(nn.Module):
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        # Output gate (Qiu et al. 2025): per head, q_proj also gives gate_dim logits right after the query
-        # (Qwen3-Next's layout), so the gate adds no module; sigmoid(gate) scales the head's attention output.
-        self.gate_dim = {"none": 0, "headwise": 1, "elementwise": self.head_dim}[config.attn_gate]
-        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * (self.head_dim + self.gate_dim), bias=False)
+        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
@@ -344,22 +312,18 @@ class Attention(nn.Module):
         # Sub-LN (BitNet; NormFormer's head-output norm): the concatenated heads normalized before o_proj
         self.attn_sub_norm = make_norm(config, "attn", self.n_heads * self.head_dim) if config.sub_norm else None
 
-    def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """q [batch, heads, seq, head_dim] and k [batch, kv_heads, seq, head_dim] as attention uses them
-        (QK-norm before RoPE, as in Qwen3/OLMo 2), and the gate's logits [batch, seq, heads, gate_dim] or None."""
+        (QK-norm before RoPE, as in Qwen3/OLMo 2)."""
         bsz, seq, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
-        gate = None
-        if self.gate_dim:
-            q, gate = q.view(bsz, seq, self.n_heads, -1).split([self.head_dim, self.gate_dim], dim=-1)
-            q = q.reshape(bsz, seq, -1)
         if self.qk_norm == "proj":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(bsz, seq, self.n_heads, self.head_dim)
         k = k.view(bsz, seq, self.n_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rotary(q.transpose(1, 2), *rope), apply_rotary(k.transpose(1, 2), *rope), gate
+        return apply_rotary(q.transpose(1, 2), *rope), apply_rotary(k.transpose(1, 2), *rope)
 
     def sink_bias(self, mask: torch.Tensor | None, q_len: int, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
         """The float mask [batch or 1, heads, q, kv + 1] adding the sinks to SDPA: 0 or -inf per key, and each
@@ -372,22 +336,20 @@ class Attention(nn.Module):
         sinks = self.sinks.to(dtype)[:, None, None].expand(bias.shape[0], -1, q_len, 1)
         return torch.cat([bias, sinks], dim=-1)
 
-    def forward(self, x, rope, mask, past_key_values: Cache | None) -> torch.Tensor:
+    def forward(self, x, rope, mask, cache: Cache | None) -> torch.Tensor:
         bsz, seq, _ = x.shape
-        q, k, gate = self.project_qk(x, rope)
+        q, k = self.project_qk(x, rope)
         v = self.v_proj(x).view(bsz, seq, self.n_kv_heads, self.head_dim)
         if self.v_norm is not None:
             v = self.v_norm(v)
         v = v.transpose(1, 2)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
         if self.sinks is not None:  # the sink's key and value join only here, never the cache
             mask = self.sink_bias(mask, seq, k.shape[2], q.dtype)
             k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and seq > 1,
                                            enable_gqa=self.n_kv_heads != self.n_heads).transpose(1, 2)
-        if gate is not None:
-            y = y * torch.sigmoid(gate)
         y = y.reshape(bsz, seq, -1)
         if self.attn_sub_norm is not None:
             y = self.attn_sub_norm(y)
@@ -480,11 +442,9 @@ class MiniMindModel(MiniMindPreTrainedModel):
         self.post_init()
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
+                position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
-                output_hidden_states: bool | None = None, cache: Cache | None = None, **kwargs) -> BaseModelOutputWithPast:
-        if cache is not None:  # the name generate() uses from transformers 5.24 on
-            past_key_values = cache
+                output_hidden_states: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
         if inputs_embeds is not None:
             x = inputs_embeds  # taken as looked up (and, for "scale", scaled) already, as in Gemma
         else:
@@ -493,9 +453,9 @@ class MiniMindModel(MiniMindPreTrainedModel):
                 x = x * torch.tensor(self.config.hidden_size**0.5).to(x.dtype)
         if self.config.embed_norm == "norm":  # on inputs_embeds too, as in BLOOM
             x = self.word_embeddings_layernorm(x)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        past_len = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + x.shape[1], device=x.device)[None]
         # cos/sin in the dtype q and k are computed in: under autocast the projections' (bf16), as fp32 tables would
@@ -509,12 +469,12 @@ class MiniMindModel(MiniMindPreTrainedModel):
         for layer in self.layers:
             if output_hidden_states:
                 hidden_states.append(x)
-            x = layer(x, rope, mask, past_key_values)
+            x = layer(x, rope, mask, cache)
         x = self.norm(x)
         if output_hidden_states:
             hidden_states.append(x)
-        return BaseModelOutputWithPast(last_hidden_state=x, hidden_states=tuple(hidden_states) if output_hidden_states
-                                       else None, **{CACHE_FIELD: past_key_values if use_cache else None})
+        return BaseModelOutputWithPast(last_hidden_state=x, cache=cache if use_cache else None,
+                                       hidden_states=tuple(hidden_states) if output_hidden_states else None)
 
 
 class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
@@ -527,15 +487,14 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
         self.post_init()
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
+                position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 shift_labels: torch.LongTensor | None = None, use_cache: bool | None = None,
-                output_hidden_states: bool | None = None, logits_to_keep: int = 0, cache: Cache | None = None,
-                **kwargs) -> CausalLMOutputWithPast:
+                output_hidden_states: bool | None = None, logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithPast:
         """labels: Hugging Face style, aligned with input_ids and shifted here (-100 = ignore).
         shift_labels: targets already aligned with the logits (what the trainer's batches hold)."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past_key_values, cache=cache, inputs_embeds=inputs_embeds,
+                         cache=cache, inputs_embeds=inputs_embeds,
                          use_cache=use_cache, output_hidden_states=output_hidden_states)
         logits = self.lm_head(out.last_hidden_state[:, -logits_to_keep:])  # 0 keeps all: -0 is 0
         cap = self.config.logit_softcap
@@ -546,5 +505,4 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
         loss = None
         if shift_labels is not None:  # in fp32 even under autocast: a 6400-way log-softmax needs it
             loss = F.cross_entropy(logits.float().flatten(0, 1), shift_labels.flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                      **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states)

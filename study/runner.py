@@ -11,19 +11,18 @@ from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from common.cli import UserError
 from data import load_tokenizer, prepare_split
 from study import lr_tuning
 from study.parallel import Worker, train_in_parallel, waiting_claim
 from study.variants import VARIANTS
+from trainer import evaluation
 from trainer.args import flags_with, validate
 from trainer.run_dir import find_checkpoints, recorded_value
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 
-PLATEAU_MARGIN = 0.05  # nats; see plateaued()
+PLATEAU_MARGIN = evaluation.PLATEAU_MARGIN
 
 
 def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str:
@@ -97,20 +96,19 @@ def token_splits(base) -> tuple:
 
 
 def unigram_loss(base) -> float:
-    """Validation loss (nats per token) of the best context-free model: every token predicted with its frequency
-    in the training split, add-one smoothed so a token unseen in training costs a finite amount."""
+    """The validation loss of the best context-free model on the study's data (trainer/evaluation.py)."""
     tokenizer, train_split, val_split = token_splits(base)
-    counts = np.bincount(train_split.tokens, minlength=len(tokenizer)) + 1.0
-    return float(-np.log(counts / counts.sum())[val_split.tokens].mean())
+    return evaluation.unigram_loss(train_split.tokens, val_split.tokens, len(tokenizer))
 
 
 def plateaued(run: dict, metrics: list[dict], unigram: float) -> bool:
-    """Whether a run trained without diverging but learned (almost) nothing: its final validation loss is
-    within PLATEAU_MARGIN nats of the unigram model's, or no lower than its first of two or more."""
+    """Whether a run trained without diverging but learned nothing (trainer/evaluation.py's rule); the trainer
+    records it in the summary, and this computes it for a summary that does not."""
     if run["diverged"] or run["val_loss"] is None:
         return False
-    evals = [r["loss"] for r in metrics if r["split"] == "val"]
-    return run["val_loss"] > unigram - PLATEAU_MARGIN or (len(evals) > 1 and run["val_loss"] >= evals[0])
+    if "plateaued" in run:
+        return run["plateaued"]
+    return evaluation.plateaued([r["loss"] for r in metrics if r["split"] == "val"], unigram)
 
 
 def tuning_point(lr: float, run: dict, unigram: float) -> lr_tuning.Point:

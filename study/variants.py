@@ -12,9 +12,7 @@ PLACEMENTS = [position for position in NORM_POSITIONS if position != "rezero"] +
     "pre+qk_head", "pre+qk_proj",  # Qwen3; over the whole projection
     "peri+qk_head", "reorder+qk_proj",  # Gemma 3; OLMo 2
     "pre+qkv", "peri+qkv",  # QKV-norm; Gemma 3n/4's norm positions
-    # Not norms, but aimed at what norms shape: attention sinks and massive activations. pre+gate is the
-    # elementwise gate, the form that ships (Qwen3-Next); pre+gate_head the headwise one (H gates, not H * head_dim).
-    "pre+gate", "pre+gate_head", "pre+sinks",  # GPT-OSS, DeepSeek-V4
+    "pre+sinks",  # not a norm, but aimed at what norms shape: attention sinks (GPT-OSS, DeepSeek-V4)
     "pre+sub", "pre+embed_scale", "pre+embed_norm",  # BitNet's Sub-LN; Gemma's scale; BLOOM
     "pre+one_plus_w", "peri+embed_scale+one_plus_w", "peri+qk_head+embed_scale+one_plus_w",  # Gemma 2; Gemma 3
 ]

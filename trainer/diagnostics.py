@@ -103,7 +103,7 @@ def layer_stats(model: nn.Module, input_ids: torch.Tensor, precision=None) -> di
         found["block_cosine"].append(block_cosine(args[0], output))
 
     def watch_attention(attention, args):  # blocks call self_attn(h, rope, mask, past_key_values)
-        q, k, _ = attention.project_qk(args[0], args[1])
+        q, k = attention.project_qk(args[0], args[1])
         found["max_attn_logit"].append(max_attention_logit(q, k))
         first_token, sinks = attention_sink_mass(q, k, attention.sinks)
         found["attn_first_token"].append(first_token)

@@ -1,5 +1,6 @@
 """Held-out evaluation, shared by the trainer (periodic validation) and eval_llm.py (a checkpoint's metrics)."""
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -33,3 +34,27 @@ def evaluate(model, tokens, batch_size: int, seq_len: int, steps: int | None, de
         dist.all_reduce(total)
     model.train(was_training)
     return total.item() / windows
+
+
+# A model within this many nats of the unigram model's loss learned nothing from the context (see learned_nothing).
+PLATEAU_MARGIN = 0.05
+
+
+def unigram_loss(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_size: int) -> float:
+    """Validation loss (nats per token) of the best context-free model: every token predicted with its frequency
+    in the training split, add-one smoothed so a token unseen in training costs a finite amount."""
+    counts = np.bincount(train_tokens, minlength=vocab_size) + 1.0
+    return float(-np.log(counts / counts.sum())[val_tokens].mean())
+
+
+def learned_nothing(loss: float, unigram: float) -> bool:
+    """Whether a validation loss is no better than the unigram model's: the one rule for a run that never learned
+    (a plateau, which a study's lr choice skips) and for one that lost what it had learned (a collapse, where the
+    trainer stops it as diverged)."""
+    return loss > unigram - PLATEAU_MARGIN
+
+
+def plateaued(val_losses: list[float], unigram: float) -> bool:
+    """A finished run's validation losses learned nothing, or the last is no lower than the first of two or more."""
+    return bool(val_losses) and (learned_nothing(val_losses[-1], unigram)
+                                 or (len(val_losses) > 1 and val_losses[-1] >= val_losses[0]))

@@ -50,7 +50,7 @@ from trainer import run_dir
 from trainer.args import arch_fields, final_lr, parse_args
 from trainer.device import Prefetcher, autocast, cpu_has_bf16_matmul, resolve_dtype
 from trainer.diagnostics import block_grad_norms, flops_per_token, layer_stats, peak_flops, peak_memory_mb
-from trainer.evaluation import evaluate
+from trainer.evaluation import evaluate, learned_nothing, plateaued, unigram_loss
 from trainer.memory import require_model_fits, require_step_fits
 from trainer.optim import MuonWithAdamW, build_optimizer, lr_at, step_unless
 from trainer.plots import plot_layer_profiles
@@ -89,13 +89,11 @@ def require_window(data: PackedTokens, args) -> None:
 # Fewer bytes per token means a tokenizer learned on other text (the shipped one: Shakespeare 2.95, Chinese 1.0).
 FEW_BYTES_PER_TOKEN = 1.5
 
-# A run can diverge with finite numbers: the loss climbs to thousands of nats, or sits at exactly ln V (a uniform
-# guess) once the logits ignore the input. A blow-up is measured from the larger of ln V and the run's first loss
-# (deepnorm without a norm starts near 3,200 nats and trains down). Only evaluations decide: runs come back from a
-# training spike, which is reported, not fatal (docs/training.md, docs/results/study.md).
+# A run can diverge with finite numbers: the loss climbs to thousands of nats, or falls back to no better than a
+# unigram model once the logits ignore the input. A blow-up is measured from the larger of ln V and the run's first
+# loss (deepnorm without a norm starts near 3,200 nats and trains down). Only evaluations decide: runs come back
+# from a training spike, which is reported, not fatal (docs/training.md, docs/results/study.md).
 BLOW_UP = 2  # a loss above BLOW_UP x that: far worse than where it started
-COLLAPSE_TOL = 1e-3  # a validation loss this close to ln V, after the run had learned LEARNED nats or had spiked
-LEARNED = 1.0
 
 
 def blown_up(loss: float, start: float, vocab_size: int) -> str | None:
@@ -107,19 +105,17 @@ def blown_up(loss: float, start: float, vocab_size: int) -> str | None:
                                        f"the loss of a uniform guess (ln {vocab_size} = {uniform:.3f})")
 
 
-def val_divergence(loss: float, step: int, start: float, lowest: float, spiked: bool, vocab_size: int) -> str | None:
+def val_divergence(loss: float, step: int, start: float, lowest: float, unigram: float,
+                   vocab_size: int) -> str | None:
     """How a validation loss shows the run diverged, in words; None while it is healthy. `lowest` is the lowest
-    loss logged before, `spiked` whether a training window blew up."""
-    uniform = math.log(vocab_size)
+    validation loss before it."""
     if not math.isfinite(loss):  # finite weights whose forward overflows
         return f"the validation loss was {loss} at step {step}"
     if reference := blown_up(loss, start, vocab_size):
         return f"the validation loss blew up to {loss:.4g} at step {step}, {reference}"
-    learned = lowest <= uniform - LEARNED
-    if (learned or spiked) and abs(loss - uniform) < COLLAPSE_TOL:
-        before = f"after it had been down to {lowest:.3f}" if learned else "after a spike"
-        return (f"the validation loss collapsed to {loss:.4f} at step {step}, the loss of a uniform guess "
-                f"(ln {vocab_size}), {before}")
+    if learned_nothing(loss, unigram) and not learned_nothing(lowest, unigram):
+        return (f"the validation loss collapsed to {loss:.4f} at step {step}, no better than a unigram model's "
+                f"({unigram:.3f}), after it had been down to {lowest:.3f}")
     return None
 
 
@@ -175,6 +171,7 @@ class Splits(NamedTuple):
     train: PackedTokens
     val: PackedTokens
     fingerprint: dict  # see data_fingerprint
+    unigram: float  # the validation loss of a context-free model: a run no better learned nothing
 
 
 @dataclass
@@ -213,7 +210,7 @@ class TrainState:
     untimed_steps: int = 0  # how many warm-up steps there were (one per start: the first run and each resume)
     run_id: str | None = None  # the wandb run a resumed run continues
     start_loss: float | None = None  # the first step's (all ranks' mean), known after the first host read
-    lowest_loss: float = math.inf  # of every train window and evaluation so far (see val_divergence)
+    lowest_loss: float = math.inf  # of every evaluation so far (see val_divergence)
     spiked: bool = False  # a training window blew up (see val_divergence)
     diverged: bool = False
     divergence: str | None = None  # how it diverged, in words
@@ -254,7 +251,8 @@ def load_splits(job: Job) -> Splits:
         barrier()
     for split_data in splits:
         require_window(split_data, args)
-    return Splits(*splits, run_dir.data_fingerprint(job.tokenizer, *splits))
+    return Splits(*splits, run_dir.data_fingerprint(job.tokenizer, *splits),
+                  unigram_loss(splits[0].tokens, splits[1].tokens, len(job.tokenizer)))
 
 
 def start_or_resume(job: Job, config: MiniMindConfig | None, splits: Splits) -> TrainState:
@@ -484,7 +482,6 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
                       "run goes on, and stops as diverged if a validation loss blows up or collapses to ln V",
                       file=sys.stderr)
             state.spiked = state.spiked or bool(spike)
-            state.lowest_loss = min(state.lowest_loss, window_mean)
 
             if log_now:
                 if master:
@@ -512,7 +509,7 @@ def train_loop(job: Job, splits: Splits, state: TrainState, costs: Accounting, t
                 state.last_val = run_eval(job, splits, state, costs, tracker)
                 val_loss = state.last_val["loss"]
                 state.divergence = val_divergence(val_loss, state.step, state.start_loss, state.lowest_loss,
-                                                  state.spiked, vocab_size)
+                                                  splits.unigram, vocab_size)
                 state.lowest_loss = min(state.lowest_loss, val_loss)
                 if state.divergence:  # finite, but no longer a model worth a checkpoint
                     state.diverged = True
@@ -547,6 +544,8 @@ def write_summary(job: Job, splits: Splits, state: TrainState, costs: Accounting
     summary.update({
         "train_loss": train_records[-1]["loss"] if train_records else None,
         "val_loss": last_val["loss"] if last_val else None, "val_bpb": last_val["bpb"] if last_val else None,
+        "unigram_loss": splits.unigram, "plateaued": not state.diverged and plateaued(
+            [r["loss"] for r in records if r["split"] == "val"], splits.unigram),
         # over the timed steps: the warm-up step of each start is in compile_time_s instead
         "tokens_per_s": timed * costs.tokens_per_step / train_time if timed and train_time else None,
         "s_per_step": train_time / timed if timed else None, "train_time_s": train_time,
