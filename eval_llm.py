@@ -2,23 +2,19 @@
 
     python eval_llm.py --model_path out/pretrain                          # default prompts, or type your own
     python eval_llm.py --model_path out/pretrain --prompt $'**HAMLET**  \\nTo be' --temperature 0
-    python eval_llm.py --model_path out/pretrain --eval_data              # loss, ppl, bpb on the held-out plays
+    python eval_llm.py --model_path out/pretrain --eval_data              # loss, ppl, bpb, held-out plays
     python eval_llm.py --compare out/ablation/runs/* --eval_data          # every ablation run, side by side
 
-A model directory is the trainer's --out_dir (its `checkpoint` link is followed, falling back to the newest
-intact checkpoint with a warning: docs/training.md), a checkpoint folder, or any directory that
-AutoModelForCausalLM loads, e.g. a Llama, Qwen3 or OLMo 2 model written by scripts/convert_to_hf.py; the
-tokenizer is its own unless --tokenizer_path is given. Each prompt is encoded after the tokenizer's bos token
-(this repo's document separator), as every training document started after one; bytes of a prompt that are not
-UTF-8 are read as U+FFFD, with a warning. With --eval_data and no --prompt a single model is only evaluated;
---compare always generates. The loss comes from the model's logits, so every exported family is measured the
-same way; a perplexity too large for a float (a diverged model) prints as inf.
+A model folder is the trainer's --out_dir (its newest step-N folder that loads), a step folder, or any folder
+AutoModelForCausalLM loads, e.g. a Llama export of extras/interop/convert_to_hf.py; the tokenizer is its own
+unless --tokenizer_path is given. Each prompt is encoded after the tokenizer's bos token (the document
+separator), as every training document started after one. With --eval_data and no --prompt a single model is
+only evaluated; --compare always generates. The loss comes from the model's logits, so every family is
+measured the same way.
 """
 
 import argparse
 import math
-import os
-import signal
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -30,12 +26,12 @@ from transformers import AutoModelForCausalLM, TextStreamer
 from transformers.utils import logging as hf_logging
 
 import model  # noqa: F401  (registers MiniMind with the Auto classes)
-from common.cli import ArgumentParser, UserError, require_positive, run_cli
+from common.cli import ArgumentParser, UserError, count, finite_float, non_negative, positive_int, run_cli
 from data import DEFAULT_PROMPTS, BatchSampler, bits_per_byte, load_tokenizer, prepare_split
 from model import norm_variant
-from trainer.device import autocast, pick_device, resolve_dtype
+from trainer.checkpoint import load_newest
 from trainer.evaluation import evaluate
-from trainer.run_dir import LINK, read_model_dir
+from trainer.runtime import autocast, pick_device, resolve_dtype
 
 DEFAULT_SEQ_LEN = 256
 
@@ -62,28 +58,26 @@ class Result:
     error: str | None = None  # why it could not be loaded; then it has no continuations or metrics
 
 
-def autocast_for(device: torch.device):
-    """The trainer's evaluation precision: bf16 (or fp16) autocast over fp32 weights on CUDA, fp32 on CPU."""
-    return autocast(device, resolve_dtype("auto", device))
-
-
 def load(path, tokenizer_path=None, device="cpu"):
-    """(model, tokenizer) from a model directory or run directory (see read_model_dir: checked against its
-    manifest, falling back to the newest intact checkpoint of a run), the model on device in eval mode."""
+    """(model, tokenizer) from a model folder or run folder (trainer/checkpoint.py's load_newest: a run's
+    newest checkpoint that loads), the model on device in eval mode."""
     given_tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
 
     def read(model_dir: Path):
         tokenizer = given_tokenizer
         if tokenizer is None:  # read with the weights: a later read could find the folder replaced
             if not (model_dir / "tokenizer.json").is_file():
-                raise UserError(f"{model_dir}: has no tokenizer.json; pass the model's tokenizer with --tokenizer_path")
+                raise UserError(f"{model_dir}: has no tokenizer.json; pass the model's tokenizer with "
+                                "--tokenizer_path")
             tokenizer = load_tokenizer(model_dir)
-        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True,
+                                                  trust_remote_code=False)
         return lm, tokenizer
 
-    _, (lm, tokenizer) = read_model_dir(Path(path), read)
+    _, (lm, tokenizer) = load_newest(Path(path), read)
     # The trainer sizes a MiniMind vocabulary to its tokenizer exactly, so any difference means the wrong one.
-    # Other models may pad their vocabulary; there only a tokenizer with ids the model cannot embed is refused.
+    # Other models may pad their vocabulary; there only a tokenizer with ids the model cannot embed is
+    # refused.
     exact = lm.config.model_type == "minimind"
     if len(tokenizer) > lm.config.vocab_size or (exact and len(tokenizer) != lm.config.vocab_size):
         raise UserError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has "
@@ -91,33 +85,25 @@ def load(path, tokenizer_path=None, device="cpu"):
     return lm.to(device).eval(), tokenizer
 
 
-def display_name(path) -> str:
-    """A short label: the run folder's name, also when the path points into it (out/run/checkpoint)."""
+def display_name(path) -> str:  # the run folder's name, also for a step folder in it
     path = Path(path).absolute()
-    return path.parent.name if path.name == LINK or path.name.startswith("step-") else path.name
+    return path.parent.name if path.name.startswith("step-") else path.name
 
 
-# What scripts/convert_to_hf.py exports, in model.norm_variant's terms.
-HF_VARIANTS = {"llama": "pre-rmsnorm", "qwen3": "pre+qk_head-rmsnorm", "olmo2": "reorder+qk_proj-rmsnorm"}
-
-
-def variant_of(config) -> str:
-    """The full normalization setup of a loaded model, e.g. 'peri+qk_head-layernorm'."""
-    if config.model_type == "minimind":
-        return norm_variant(config)
-    return HF_VARIANTS.get(config.model_type, "?")
+def variant_of(config) -> str:  # a MiniMind model's normalization setup, or another model's type
+    return norm_variant(config) if config.model_type == "minimind" else config.model_type
 
 
 def encode_prompt(tokenizer, prompt: str, context: int, max_new_tokens: int) -> torch.Tensor:
     """[1, n] ids: bos then the prompt, cut from the left so that n + max_new_tokens fits the context."""
     limit = context - max_new_tokens
     if limit < 1:
-        raise UserError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's context "
-                        f"of {context} tokens")
+        raise UserError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
+                        f"context of {context} tokens")
     ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt, add_special_tokens=False)
     if len(ids) > limit:
-        print(f"warning: prompt of {len(ids)} tokens cut to its last {limit}: the model's context is {context} "
-              f"tokens and {max_new_tokens} are kept for --max_new_tokens", file=sys.stderr)
+        print(f"warning: prompt of {len(ids)} tokens cut to its last {limit}: the model's context is "
+              f"{context} tokens and {max_new_tokens} are kept for --max_new_tokens", file=sys.stderr)
         ids = ids[-limit:]
     return torch.tensor([ids])
 
@@ -135,25 +121,14 @@ def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(), s
         options.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
     torch.manual_seed(sampling.seed)
-    with autocast_for(lm.device):
+    with autocast(lm.device, resolve_dtype("auto", lm.device)):  # the trainer's precision
         out = lm.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=tokenizer.pad_token_id,
                           streamer=streamer, **options)
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
-def utf8_prompt(prompt: str) -> str:
-    """The prompt with bytes that are not UTF-8 (which Python hands over as lone surrogates, and no tokenizer
-    encodes) replaced by U+FFFD, with a warning."""
-    repaired = prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    if repaired != prompt:
-        print(f"warning: prompt {repaired!r} is not valid UTF-8; its undecodable bytes are read as U+FFFD",
-              file=sys.stderr)
-    return repaired
-
-
 def read_prompts():
     """Prompts typed at the terminal, until an empty line, EOF (Ctrl-D) or Ctrl-C."""
-    sys.stdin.reconfigure(errors="surrogateescape")  # a line that is not UTF-8 reaches utf8_prompt, not a traceback
     while True:
         try:
             prompt = input("prompt> ")
@@ -162,7 +137,7 @@ def read_prompts():
             return
         if not prompt:
             return
-        yield utf8_prompt(prompt)
+        yield prompt
 
 
 def evaluate_split(lm, tokenizer, data_path: str | None = "default", text_field: str = "text",
@@ -179,12 +154,9 @@ def evaluate_split(lm, tokenizer, data_path: str | None = "default", text_field:
     windows = BatchSampler(split.tokens, batch_size, seq_len).num_windows
     # A limit beyond the split's end would wrap around and count windows twice; the whole split is the most.
     steps = max_batches if max_batches is not None and max_batches * batch_size < windows else None
-    loss = evaluate(lm, split.tokens, batch_size, seq_len, steps, lm.device, autocast_for(lm.device),
-                    progress)
-    try:
-        ppl = math.exp(loss)
-    except OverflowError:  # a loss above ~709 nats (a diverged model) has a perplexity beyond any float
-        ppl = math.inf
+    loss = evaluate(lm, split.tokens, batch_size, seq_len, steps, lm.device,
+                    autocast(lm.device, resolve_dtype("auto", lm.device)), progress)
+    ppl = math.exp(loss) if loss < 709 else math.inf  # no float holds e^709 (a diverged model)
     return {"loss": loss, "ppl": ppl, "bpb": bits_per_byte(loss, split.bytes_per_token),
             "tokens": (windows if steps is None else steps * batch_size) * seq_len}
 
@@ -210,8 +182,7 @@ def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu", token
         metrics = evaluate_split(lm, tokenizer, **eval_kwargs) if eval_kwargs is not None else None
         results.append(Result(name, variant_of(lm.config), continuations, metrics))
     if all(r.error for r in results):
-        raise UserError("nothing to compare: no model directory could be loaded (the warnings above say why); "
-                        "pass at least one that holds a checkpoint")
+        raise UserError("nothing to compare: no model folder could be loaded (the warnings above say why)")
     return results
 
 
@@ -233,52 +204,41 @@ def format_metrics_table(results: list[Result]) -> str:
                        (r.name, r.variant, f"{r.metrics['loss']:.4f}", f"{r.metrics['ppl']:.2f}",
                         f"{r.metrics['bpb']:.4f}") for r in results]
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description=__doc__)
-    p.add_argument("--model_path", help="the trainer's --out_dir, a checkpoint folder, or any AutoModelForCausalLM "
-                                        "directory (e.g. a Llama export)")
-    p.add_argument("--tokenizer_path",
-                   help="tokenizer directory (default: the model directory's own); applies to every --compare dir")
-    p.add_argument("--device", default="auto", help="auto (cuda with bf16 autocast if available, else cpu in fp32), "
-                                                    "cpu, cuda, cuda:1, ...")
-
+    p.add_argument("--model_path", help="the trainer's --out_dir, a step folder, or any AutoModelForCausalLM "
+                   "folder (e.g. a Llama export)")
+    p.add_argument("--tokenizer_path", help="tokenizer folder (default: the model folder's own)")
+    p.add_argument("--device", default="auto", help="auto (cuda with bf16 autocast if available, else cpu in "
+                   "fp32), cpu, cuda, cuda:1, ...")
     gen = p.add_argument_group("generation")
-    gen.add_argument("--prompt", action="append",
-                     help="text to continue; repeat for several. Default: read prompts from an interactive "
-                          "terminal, else a few Shakespeare prompts. A prompt that leaves no room for "
-                          "--max_new_tokens in the model's context is cut from the left, with a warning")
-    gen.add_argument("--max_new_tokens", type=int, default=Sampling.max_new_tokens, help="tokens to generate")
-    gen.add_argument("--temperature", type=float, default=Sampling.temperature,
-                     help="sampling temperature; 0 = greedy (deterministic)")
-    gen.add_argument("--top_p", type=float, default=Sampling.top_p,
-                     help="nucleus sampling: keep the fewest tokens whose probability adds up to this (1 = off)")
-    gen.add_argument("--top_k", type=int, default=Sampling.top_k, help="keep only the k most likely tokens (0 = off)")
-    gen.add_argument("--repetition_penalty", type=float, default=Sampling.repetition_penalty,
+    gen.add_argument("--prompt", action="append", help="text to continue; repeat for several (default: typed "
+                     "at a terminal, else a few Shakespeare prompts); cut from the left to fit the context")
+    gen.add_argument("--max_new_tokens", type=positive_int, default=Sampling.max_new_tokens,
+                     help="tokens to generate")
+    gen.add_argument("--temperature", type=non_negative, default=Sampling.temperature, help="0 = greedy")
+    gen.add_argument("--top_p", type=finite_float, default=Sampling.top_p, help="nucleus sampling (1 = off)")
+    gen.add_argument("--top_k", type=count, default=Sampling.top_k, help="the k likeliest tokens only "
+                     "(0 = off)")
+    gen.add_argument("--repetition_penalty", type=finite_float, default=Sampling.repetition_penalty,
                      help="divide the logits of tokens already present by this (1 = off)")
-    gen.add_argument("--seed", type=int, default=Sampling.seed, help="random seed, set anew for every prompt")
-    gen.add_argument("--no_kv_cache", dest="use_cache", action="store_false",
-                     help="recompute the whole sequence for every new token instead of caching keys and values "
-                          "(slower; the same tokens, which makes it a check of the cache)")
-
+    gen.add_argument("--seed", type=count, default=Sampling.seed, help="set anew for every prompt")
+    gen.add_argument("--no_kv_cache", dest="use_cache", action="store_false", help="recompute the whole "
+                     "sequence for every token (slower, the same tokens: a check of the cache)")
     ev = p.add_argument_group("held-out evaluation")
-    ev.add_argument("--eval_data", nargs="?", const="default", default=None, metavar="PATH|default",
-                    help="report loss, perplexity and bits per byte on the validation split of this corpus "
-                         "(alone: the embedded plays' validation plays); any --data_path the trainer accepts")
-    ev.add_argument("--text_field", default="text", help="column of --eval_data that holds the text")
-    ev.add_argument("--batch_size", type=int, default=8, help="windows per evaluation batch")
-    ev.add_argument("--seq_len", type=int,
-                    help=f"tokens per evaluation window (default: min({DEFAULT_SEQ_LEN}, the model's context))")
-    ev.add_argument("--eval_batches", type=int,
-                    help="evaluate only this many batches (default: the whole split, non-overlapping windows)")
-
-    p.add_argument("--compare", nargs="+", metavar="DIR",
-                   help="also run these model directories (after --model_path, if given) with the same prompts "
-                        "and seed; print the continuations side by side and, with --eval_data, one metrics table. "
-                        "A directory that cannot be loaded (e.g. a run without a checkpoint) is named in a warning "
-                        "and left out; the exit status is 2 only when none loads")
+    ev.add_argument("--eval_data", nargs="?", const="default", metavar="PATH|default", help="loss, "
+                    "perplexity and bits per byte on this corpus's validation split (alone: the plays')")
+    ev.add_argument("--text_field", default="text", help="the column of --eval_data that holds the text")
+    ev.add_argument("--batch_size", type=positive_int, default=8, help="windows per evaluation batch")
+    ev.add_argument("--seq_len", type=positive_int, help="tokens per window (default: "
+                    f"min({DEFAULT_SEQ_LEN}, the model's context))")
+    ev.add_argument("--eval_batches", type=positive_int, help="evaluate this many batches (default: all)")
+    p.add_argument("--compare", nargs="+", metavar="DIR", help="also these model folders, with the same "
+                   "prompts and seed, side by side (one that cannot be loaded is named and left out)")
     return p
 
 
@@ -287,17 +247,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     if args.model_path is None and not args.compare:
         raise UserError("give --model_path DIR, or --compare DIR [DIR ...] (see --help)")
-    require_positive(args, ("max_new_tokens", "batch_size", "seq_len", "eval_batches"))
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):  # nan would decode greedily, unnoticed
-        raise UserError(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise UserError(f"--top_p must be in (0, 1], got {args.top_p}")
-    if args.top_k < 0:
-        raise UserError(f"--top_k must be >= 0 (0 = off), got {args.top_k}")
-    if not (math.isfinite(args.repetition_penalty) and args.repetition_penalty > 0):
-        raise UserError(f"--repetition_penalty must be a finite number > 0 (1 = off), got {args.repetition_penalty}")
-    if args.prompt:
-        args.prompt = [utf8_prompt(p) for p in args.prompt]
     return args
 
 
@@ -308,8 +257,9 @@ def main(argv=None) -> None:
     sampling = Sampling(**{f.name: getattr(args, f.name) for f in fields(Sampling)})
     eval_kwargs = None
     if args.eval_data is not None:
-        eval_kwargs = {"data_path": args.eval_data, "text_field": args.text_field, "batch_size": args.batch_size,
-                       "seq_len": args.seq_len, "max_batches": args.eval_batches, "progress": True}
+        eval_kwargs = {"data_path": args.eval_data, "text_field": args.text_field, "progress": True,
+                       "batch_size": args.batch_size, "seq_len": args.seq_len,
+                       "max_batches": args.eval_batches}
 
     if args.compare:
         paths = ([args.model_path] if args.model_path else []) + args.compare
@@ -323,7 +273,8 @@ def main(argv=None) -> None:
     lm, tokenizer = load(args.model_path, args.tokenizer_path, device)
     if eval_kwargs is not None:
         metrics = evaluate_split(lm, tokenizer, **eval_kwargs)
-        print(format_metrics_table([Result(display_name(args.model_path), variant_of(lm.config), [], metrics)]))
+        result = Result(display_name(args.model_path), variant_of(lm.config), [], metrics)
+        print(format_metrics_table([result]))
         if not args.prompt:
             return
     prompts = args.prompt or (read_prompts() if sys.stdin.isatty() else DEFAULT_PROMPTS)
@@ -334,8 +285,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        run_cli(main)
-    except BrokenPipeError:  # stdout's reader went away (eval_llm.py ... | head): stop quietly, as Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
-        sys.exit(128 + signal.SIGPIPE)  # the status a shell reports for a tool that SIGPIPE ended
+    run_cli(main)

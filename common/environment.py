@@ -1,4 +1,4 @@
-"""Where a result came from: the code, the libraries, the machine and the date, recorded beside the numbers."""
+"""Where a result came from: the code, the libraries, the machine and the date, recorded beside it."""
 
 import os
 import platform
@@ -21,35 +21,27 @@ def git(*command: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def usable_cores() -> int:
-    """The cores this process may run on: its affinity mask (taskset, a container's or a job scheduler's cpuset),
-    which can be far fewer than the machine has."""
+    """The cores this process may use (taskset, a container's cpuset): maybe far fewer than the machine's."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity masks (macOS, Windows)
         return os.cpu_count() or 1
 
 
-# The vector and matrix extensions that decide which CPU kernels torch runs (and so its speed, and the rounding
-# of its matmuls): /proc/cpuinfo's flag for each, and the name recorded.
+# The extensions that decide which CPU kernels torch runs, so its speed and its matmuls' rounding: each one's
+# flag in /proc/cpuinfo and the name recorded.
 CPU_EXTENSIONS = {"avx2": "AVX2", "avx512f": "AVX-512", "amx_tile": "AMX"}
 
 
 def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
-    """The CPU's model as the kernel names it (e.g. 'AMD EPYC 7B13'), else as the platform module does, and
-    which CPU_EXTENSIONS the kernel's flags list (None where there is no cpuinfo: not Linux)."""
+    """The CPU's model as the kernel names it (e.g. 'AMD EPYC 7B13') and which CPU_EXTENSIONS its first
+    processor's flags list (None without /proc/cpuinfo: not Linux)."""
     try:
         lines = cpuinfo.read_text().splitlines()
     except OSError:
         return {"cpu": platform.processor() or platform.machine(), "cpu_isa": None}
-    info = {}  # the first processor's entry (a hybrid CPU's cores can list different flags: the first is recorded)
+    info = {}
     for key, _, value in (line.partition(":") for line in lines):
         info.setdefault(key.strip(), value.strip())
     flags = set(info.get("flags", "").split())
@@ -59,8 +51,7 @@ def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
 
 def environment(device: torch.device | str | None = None) -> dict:
     """The commit and whether tracked files differ from it (None outside a git checkout), the libraries'
-    versions, the device (the GPU, or the CPU), the CPU (on a GPU run too: the host feeds it), torch's
-    threads, the UTC date."""
+    versions, the device, the CPU (on a GPU run too: the host feeds it), torch's threads, the UTC date."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     commit = git("rev-parse", "HEAD")
     # the results folder aside: a study writes its runs and report there while it trains
@@ -71,8 +62,8 @@ def environment(device: torch.device | str | None = None) -> dict:
         "git_dirty": None if commit is None or dirty is None else bool(dirty),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "transformers": version("transformers"),
-        "datasets": version("datasets"),
+        "transformers": metadata.version("transformers"),
+        "datasets": metadata.version("datasets"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else host["cpu"],
         **host,
         "threads": torch.get_num_threads(),
@@ -82,6 +73,7 @@ def environment(device: torch.device | str | None = None) -> dict:
 
 def describe(env: dict) -> str:
     """One line for the top of a results page."""
-    commit = f"{env['git_commit'][:12]}{' (dirty)' if env['git_dirty'] else ''}" if env["git_commit"] else "unknown"
-    return (f"Produced {env['date']} by commit {commit}, torch {env['torch']}, transformers {env['transformers']}, "
+    commit = env["git_commit"][:12] + " (dirty)" * bool(env["git_dirty"]) if env["git_commit"] else "unknown"
+    return (f"Produced {env['date']} by commit {commit}, torch {env['torch']}, transformers "
+            f"{env['transformers']}, "
             f"datasets {env['datasets']}, on {env['device']} ({env['threads']} threads).")

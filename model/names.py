@@ -1,9 +1,6 @@
-"""Names for whole setups, derived from the config's SWITCHES: variant names and presets (docs/model.md).
-
-A variant name is the norm position, "+token" for each switch away from its default in SWITCHES order, then
-"-<norm type>" (pre+qk_head-rmsnorm, mix0.5+depth-layernorm); norm_variant() writes it, variant_fields() reads
-it back, so --variant, the ablation runner and the reports mean the same fields. A preset names a model size.
-"""
+"""Names for whole setups, derived from SWITCHES: a variant name is the norm position, "+token" for each
+switch away from its default, then "-<norm type>" (pre+qk_head-rmsnorm, mix0.5+depth-layernorm).
+norm_variant() writes it, variant_fields() reads it, for --variant, the runner and the reports alike."""
 
 import re
 
@@ -17,16 +14,17 @@ QKV = {"qk_norm": "head", "v_norm": "head"}  # "+qkv": per-head norms on q, k an
 # Each name token and the fields it sets
 TOKENS = {"qkv": QKV} | {token: {switch.name: value} for switch in SWITCHES if isinstance(switch.token, dict)
                          for value, token in switch.token.items()}
-# Setups best known by the recipe that uses them. nanochat: parameter-free RMSNorm before each sublayer, per head
-# on q and k, after the embedding lookup and before lm_head, logits soft-capped at 15.
+# Setups best known by the recipe that uses them. nanochat: parameter-free RMSNorm before each sublayer, per
+# head on q and k, after the embedding lookup and before lm_head, logits soft-capped at 15.
 RECIPES = {"nanochat": "pre+qk_head+embed_norm+softcap15-rmsnorm_noparam"}
 PRESETS = {
     # MiniMind2-small: the default config, and the CUDA run's model
     "minimind2-small": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
                         "num_key_value_heads": 2},
     # MiniMind-3 as its repository ships it (2026): per-head QK-norm, eps 1e-6, FFN ceil(pi * 768 / 64) * 64
-    "minimind3": {"hidden_size": 768, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
-                  "qk_norm": "head", "rms_norm_eps": 1e-6, "intermediate_size": 2432},
+    "minimind3": {"hidden_size": 768, "num_hidden_layers": 8, "num_attention_heads": 8,
+                  "num_key_value_heads": 4, "qk_norm": "head", "rms_norm_eps": 1e-6,
+                  "intermediate_size": 2432},
 }
 
 
@@ -46,7 +44,7 @@ def norm_variant(config) -> str:
         else:
             parts.append("qkv" if qkv and switch.name == "qk_norm" else switch.token[value])
     name = "+".join(parts)
-    # ReZero has norms only where a switch (QK-, V-, sub- or embedding norm) adds them; with none, no type named
+    # ReZero has norms only where a switch (QK-, V-, sub- or embedding norm) adds them; with none, no type
     if (config.norm_position != "rezero" or config.qk_norm != "none" or config.v_norm != "none"
             or config.sub_norm or config.embed_norm == "norm"):
         name += f"-{config.norm_type}"
@@ -54,8 +52,8 @@ def norm_variant(config) -> str:
 
 
 def variant_fields(name: str) -> dict:
-    """The config fields a variant name sets (every variant switch: the ones it does not name at their defaults);
-    ValueError naming the part that is not one."""
+    """The config fields a variant name sets (every variant switch: the ones it does not name at their
+    defaults); ValueError naming the part that is not one."""
     name = RECIPES.get(name, name)
     placement, _, norm = name.rpartition("-") if "-" in name else (name, "", "none")
     if norm not in NORM_TYPES:
@@ -69,23 +67,30 @@ def variant_fields(name: str) -> dict:
         raise ValueError(f"variant {name!r}: {position!r} is not a norm position; allowed: "
                          f"{list(SWITCH['norm_position'].choices)}")
     fields["norm_position"] = position
-    implied = with_implied({"norm_position": position})  # HybridNorm's QKV-norm: its name says so without a token
+    # HybridNorm's QKV-norm: its name says so without a token
+    implied = with_implied({"norm_position": position})
     fields |= {field: getattr(implied, field) for field in QKV}
+    named = set()  # the fields the tokens set: one may not undo another (pre+qk_head+qk_proj)
     for token in tokens:
         number = next((s for s in SWITCHES if isinstance(s.token, str) and re.fullmatch(
             rf"{s.token}[0-9.e+-]+", token)), None)
         if number:
-            fields[number.name] = number.type(token.removeprefix(number.token))
+            sets = {number.name: number.type(token.removeprefix(number.token))}
         elif token in TOKENS:
-            fields |= TOKENS[token]
+            sets = TOKENS[token]
         else:
             raise ValueError(f"variant {name!r}: {token!r} is not a part of a variant name; allowed: "
                              f"{sorted(TOKENS)} and softcap<C>")
+        if twice := named & sets.keys():
+            raise ValueError(f"variant {name!r}: {token!r} sets {', '.join(twice)} a second time")
+        named |= sets.keys()
+        fields |= sets
     return fields
 
 
 def variant_problem(name: str) -> str | None:
-    """Why the name makes no model config (not every placement pairs with every norm), or None when it does."""
+    """Why the name makes no model config (not every placement pairs with every norm), or None when it
+    does."""
     try:
         MiniMindConfig(**variant_fields(name))
     except ValueError as err:

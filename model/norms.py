@@ -15,10 +15,10 @@ if TYPE_CHECKING:
 
 
 class Norm(nn.Module):
-    """What every norm type shares: its gain. With one_plus_w (norm_gain="one_plus_w") the gain is stored as w,
-    starting at 0, and applied as 1 + w (Gemma 2/3, Qwen3-Next): the same function at init, but weight decay pulls
-    the gain toward 1 instead of 0. As in Gemma that path computes in float32 and casts to the input's dtype last;
-    on float32 input it runs the plain path's ops, so w = 0 is a gain of 1 bit for bit."""
+    """What every norm type shares: its gain. With one_plus_w (norm_gain="one_plus_w") the gain is stored as
+    w, starting at 0, and applied as 1 + w (Gemma 2/3, Qwen3-Next): the same function at init, but weight
+    decay pulls the gain toward 1 instead of 0. As in Gemma that path computes in float32 and casts to the
+    input's dtype last; on float32 input it runs the plain path's ops, so w = 0 is a gain of 1 bit for bit."""
 
     def __init__(self, one_plus_w: bool):
         super().__init__()
@@ -37,7 +37,8 @@ class Norm(nn.Module):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps), the statistics in float32 (mean(x^2) over 512 bf16 values loses most of its
-    precision), rounded back to x's dtype before the weight multiplies, as in Llama; compile fuses it on a GPU."""
+    precision), rounded back to x's dtype before the weight multiplies, as in Llama; compile fuses it on a
+    GPU."""
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return y if weight is None else y * weight
@@ -46,7 +47,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 class RMSNorm(Norm):
     """y = x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019); elementwise_affine=False: no weight."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True, one_plus_w: bool = False):
+    def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True,
+                 one_plus_w: bool = False):
         super().__init__(one_plus_w and elementwise_affine)  # without a gain, nothing to store as w
         self.eps = eps
         self.weight = self.unit_gain(dim) if elementwise_affine else None
@@ -119,10 +121,10 @@ class Derf(Norm):
 
 
 class SeeDNorm(Norm):
-    """Self-rescaled dynamic normalization (Cai et al. 2025): [tanh(x . beta) * alpha + weight] * x / RMS(x), a
-    per-token gain that keeps some of the input's scale; x . beta in float32, as it sums hidden_size products.
-    It starts as RMSNorm (beta 0, alpha 1); alpha must not start at 0 too, as each of alpha and beta gets a
-    gradient proportional to the other."""
+    """Self-rescaled dynamic normalization (Cai et al. 2025): [tanh(x . beta) * alpha + weight] * x / RMS(x),
+    a per-token gain that keeps some of the input's scale; x . beta in float32, as it sums hidden_size
+    products. It starts as RMSNorm (beta 0, alpha 1); alpha must not start at 0 too, as each of alpha and beta
+    gets a gradient proportional to the other."""
 
     alpha_init = 1.0
 
@@ -138,31 +140,6 @@ class SeeDNorm(Norm):
         return self.with_gain(x, lambda x, gain: rms_norm(x, None, self.eps) * (dynamic + gain))
 
 
-class BatchNorm(Norm):
-    """BatchNorm1d's computation over every (sequence, position) of the batch, per channel: a demonstration.
-    In training a token's output depends on later tokens and other sequences (the causal mask is broken); in
-    eval mode running averages give other logits than training did (tests/test_norms.py shows both)."""
-
-    def __init__(self, dim: int, eps: float = 1e-5, one_plus_w: bool = False):
-        super().__init__(one_plus_w)
-        self.eps, self.momentum = eps, 0.1
-        self.weight = self.unit_gain(dim)
-        self.bias = nn.Parameter(torch.zeros(dim))
-        self.register_buffer("running_mean", torch.zeros(dim))
-        self.register_buffer("running_var", torch.ones(dim))
-        self.register_buffer("num_batches_tracked", torch.tensor(0))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training:
-            self.num_batches_tracked.add_(1)
-
-        def batch_norm(x, gain):
-            return F.batch_norm(x, self.running_mean, self.running_var, gain, self.bias.to(gain.dtype),
-                                self.training, self.momentum, self.eps)
-
-        return self.with_gain(x.reshape(-1, x.shape[-1]), batch_norm).view(x.shape)
-
-
 @dataclass(frozen=True)
 class NormType:
     """One entry of the norm registry: how to build a norm of this type for a slot, and what it is."""
@@ -173,12 +150,6 @@ class NormType:
     gain: bool = True  # has a learnable gain (which norm_gain='one_plus_w' stores as w, applied as 1 + w)
 
 
-def dyt_alpha(cfg: "MiniMindConfig", site: str) -> float:
-    """DyT's starting alpha for a norm at site 'attn', 'mlp', 'final' or 'qk' (per-position where set)."""
-    per_site = getattr(cfg, f"dyt_alpha_init_{site}", None)
-    return cfg.dyt_alpha_init if per_site is None else per_site
-
-
 def one_plus_w(cfg: "MiniMindConfig") -> bool:
     return cfg.norm_gain == "one_plus_w"
 
@@ -186,20 +157,18 @@ def one_plus_w(cfg: "MiniMindConfig") -> bool:
 NORM_TYPES = {
     "rmsnorm": NormType(lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, one_plus_w=one_plus_w(cfg)),
                         "x / rms(x) * gain (Llama)", hf_rmsnorm=True),
-    "rmsnorm_noparam": NormType(lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, elementwise_affine=False),
+    "rmsnorm_noparam": NormType(lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, False),
                                 "RMSNorm without gains", hf_rmsnorm=True, gain=False),
     "ssnorm": NormType(lambda dim, cfg, site: SSNorm(cfg.rms_norm_eps, one_plus_w(cfg)),
                        "x / rms(x) * one scalar gain (single-scale RMSNorm, OSP 2025)"),
     "layernorm": NormType(lambda dim, cfg, site: LayerNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)),
                           "(x - mean) / std * gain + bias (GPT-2)"),
-    "dyt": NormType(lambda dim, cfg, site: DyT(dim, dyt_alpha(cfg, site), one_plus_w(cfg)),
+    "dyt": NormType(lambda dim, cfg, site: DyT(dim, cfg.dyt_alpha_init, one_plus_w(cfg)),
                     "gain * tanh(alpha * x) + bias, no statistics (DyT, 2025)"),
-    "derf": NormType(lambda dim, cfg, site: Derf(dim, dyt_alpha(cfg, site), one_plus_w(cfg)),
+    "derf": NormType(lambda dim, cfg, site: Derf(dim, cfg.dyt_alpha_init, one_plus_w(cfg)),
                      "gain * erf(alpha * x + shift) + bias, no statistics (Derf, 2025)"),
     "seednorm": NormType(lambda dim, cfg, site: SeeDNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)),
                          "[tanh(x . beta) * alpha + gain] * x / rms(x), a per-token gain (SeeDNorm, 2025)"),
-    "batchnorm": NormType(lambda dim, cfg, site: BatchNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)),
-                          "statistics over the batch: a demonstration that it leaks future tokens"),
     "none": NormType(None, "no normalization at all", gain=False),
 }
 NORM_MODULES = (Norm,)  # what counts as a norm (count_norms, the optimizer's groups, the trainer's count)
@@ -207,16 +176,16 @@ NORM_MODULES = (Norm,)  # what counts as a norm (count_norms, the optimizer's gr
 
 def init_norm(module: nn.Module) -> None:
     """Give a norm its fresh state (anything else is left alone): gains 1 (stored as 1, or as w = 0 for
-    1 + w), alpha its start, running variances 1, everything else (biases, shifts, beta, running means) 0."""
+    1 + w), alpha its start, everything else (biases, shifts, beta) 0."""
     if isinstance(module, Norm):
-        starts = {"weight": 0.0 if module.one_plus_w else 1.0, "alpha": getattr(module, "alpha_init", None),
-                  "running_var": 1.0}
-        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+        starts = {"weight": 0.0 if module.one_plus_w else 1.0, "alpha": getattr(module, "alpha_init", None)}
+        for name, tensor in module.named_parameters(recurse=False):
             init.constant_(tensor, starts.get(name, 0.0))
 
 
 def make_norm(config: "MiniMindConfig", site: str, dim: int | None = None) -> nn.Module:
-    """A norm of config.norm_type for one slot; an Identity for norm_type='none', so every slot stays callable."""
+    """A norm of config.norm_type for one slot; an Identity for norm_type='none', so every slot stays
+    callable."""
     build = NORM_TYPES[config.norm_type].build
     return nn.Identity() if build is None else build(dim or config.hidden_size, config, site)
 

@@ -1,11 +1,13 @@
-"""The fair study's rules (scripts/run_ablation.py --tune_lr, docs/results/fair.md): which lr a variant trains best
-at, how wide its usable range is, and how it compares with a baseline seed by seed, from final validation losses."""
+"""The fair study's rules (scripts/run_ablation.py --tune_lr, docs/results/fair.md): which lr a variant trains
+best at, how wide its usable range is, and how it compares with a baseline seed by seed, from final validation
+losses."""
 
 import math
 import statistics
 from dataclasses import dataclass
 
-# A chosen lr at the edge of the grid may be beaten just outside it; the grid grows by this factor that many times.
+# A chosen lr at the edge of the grid may be beaten just outside it; the grid grows by this factor that many
+# times.
 EDGE_FACTOR = 2.0
 MAX_EXTENSIONS = 2
 # Grid points whose loss is within this many nats of the variant's best count as its usable lr range.
@@ -22,24 +24,25 @@ class Point:
 
 
 def grid_point(lr: float, seeds: list[Point]) -> Point:
-    """One lr over the tune seeds: the mean of their losses, usable only if every seed is. A lr at which any seed
-    diverged or plateaued cannot win, and choosing by the mean of several seeds keeps the choice from rewarding
-    one seed's luck, which the same seed would then carry into the reported difference."""
+    """One lr over the tune seeds: the mean of their losses, usable only if every seed is. A lr at which any
+    seed diverged or plateaued cannot win, and choosing by the mean of several seeds keeps the choice from
+    rewarding one seed's luck, which the same seed would then carry into the reported difference."""
     losses = [p.val_loss for p in seeds]
     mean = None if None in losses else statistics.mean(losses)
     return Point(lr, mean, mean is not None and all(p.usable for p in seeds))
 
 
 def choose_lr(points: list[Point]) -> float | None:
-    """The usable point with the lowest loss, on an exact tie the smaller (safer) lr; None when none is usable."""
+    """The usable point with the lowest loss, on an exact tie the smaller (safer) lr; None when none is
+    usable."""
     usable = [p for p in points if p.usable and p.val_loss is not None and math.isfinite(p.val_loss)]
     return min(usable, key=lambda p: (p.val_loss, p.lr)).lr if usable else None
 
 
 def edge_extension(lrs: list[float], chosen: float | None) -> list[float]:
     """The lrs to add: ÷2 below the lowest when the choice is the lowest, ×2 above the highest when it is the
-    highest, and both when nothing was chosen (too high an lr diverges or collapses to the unigram loss, too low a
-    one can stall a norm whose signal starts small); none when the choice lies inside the grid."""
+    highest, and both when nothing was chosen (too high an lr diverges or collapses to the unigram loss, too
+    low a one can stall a norm whose signal starts small); none when the choice lies inside the grid."""
     if len(lrs) < 2:
         return []
     below, above = min(lrs) / EDGE_FACTOR, max(lrs) * EDGE_FACTOR
@@ -54,66 +57,102 @@ def usable_range(points: list[Point]) -> list[float]:
     if best is None:
         return []
     floor = next(p.val_loss for p in points if p.lr == best)
-    return sorted(p.lr for p in points if p.usable and p.val_loss is not None and p.val_loss <= floor + USABLE_MARGIN)
+    return sorted(p.lr for p in points
+                  if p.usable and p.val_loss is not None and p.val_loss <= floor + USABLE_MARGIN)
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """P(|T| ≥ |t|) for Student's t with an integer df ≥ 1, in closed form (Abramowitz & Stegun 26.7.3-4):
+    exact, no scipy, and all a paired test needs (df = n − 1). p below ~1e-12 is lost to the subtraction."""
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
+    for k in range(1, (df - 1) // 2 if df % 2 else df // 2):  # the series' terms beyond the first
+        term *= (2 * k / (2 * k + 1) if df % 2 else (2 * k - 1) / (2 * k)) * c2
+        total += term
+    inside = (2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total * (df > 1)) if df % 2
+              else math.sin(theta) * total)
+    return max(0.0, 1.0 - inside)
+
+
+def t_critical(confidence: float, df: int) -> float:
+    """The t ≥ 0 with P(|T| ≥ t) = 1 − confidence, by bisection (p falls as t grows: it cannot miss)."""
+    low, high = 0.0, 1e7  # beyond any t asked for: 3.2e4 at df 1 for 99.999%
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if t_two_sided_p(middle, df) > 1 - confidence else (low, middle)
+    return (low + high) / 2
 
 
 @dataclass(frozen=True)
-class PairedDifference:
-    """Per-seed differences variant − baseline (negative: the variant reached a lower loss)."""
-    differences: dict[int, float]
-
-    @property
-    def mean(self) -> float | None:
-        return statistics.mean(self.differences.values()) if self.differences else None
-
-    @property
-    def std(self) -> float | None:
-        return statistics.stdev(self.differences.values()) if len(self.differences) > 1 else None
-
-    @property
-    def agreeing(self) -> int:
-        """How many seeds' differences have the sign of the mean (a zero difference agrees with nothing)."""
-        mean = self.mean
-        return sum(1 for d in self.differences.values() if d * mean > 0) if mean else 0
+class Stats:
+    """A paired difference over n seeds: its mean, SD, 95% confidence interval and two-sided paired t-test p
+    (None where n < 2 leaves no spread to test against)."""
+    n: int
+    mean: float | None
+    sd: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p: float | None = None
 
 
-def paired_difference(losses: dict[int, float | None], baseline: dict[int, float | None]) -> PairedDifference:
-    """Differences on the seeds both sides finished with a finite loss (same seed = same init and data order)."""
+def paired_stats(differences: dict[int, float]) -> Stats:
+    """mean ± t(0.975, n − 1) · sd / √n and the paired t-test (df = n − 1). Identical differences (sd = 0)
+    give p = 0 when their mean is not 0 (the t statistic is infinite), p = 1 when it is (nothing to test)."""
+    values = list(differences.values())
+    if len(values) < 2:
+        return Stats(len(values), values[0] if values else None)
+    mean, sd, n = statistics.mean(values), statistics.stdev(values), len(values)
+    half = t_critical(0.95, n - 1) * sd / math.sqrt(n)
+    p = t_two_sided_p(mean / (sd / math.sqrt(n)), n - 1) if sd else float(mean == 0)
+    return Stats(n, mean, sd, mean - half, mean + half, p)
+
+
+# A study tests each of its ~10 variants against the baseline, so one folder's verdict asks for p < 0.01
+# (about one false call in ten studies); the same difference in two independent folders, p < 0.05 in each.
+WITHIN_ALPHA, ACROSS_ALPHA = 0.01, 0.05
+
+
+def resolved(*stats: Stats) -> bool:
+    """One study's difference: p < WITHIN_ALPHA. The same difference in several independent studies: p <
+    ACROSS_ALPHA in every one, all with the same sign."""
+    alpha = WITHIN_ALPHA if len(stats) == 1 else ACROSS_ALPHA
+    return (all(s.p is not None and s.p < alpha for s in stats)
+            and len({math.copysign(1.0, s.mean) for s in stats}) == 1)
+
+
+def fresh(differences: dict[int, float], *records: dict) -> dict[int, float]:
+    """The differences on seeds that chose neither side's lr (the tuning.json records' tune_seeds; folders
+    written before those were recorded tuned on seed 0 alone): on a tune seed the lr won partly by that seed's
+    luck, which would carry into the difference (a winner's curse)."""
+    tuned = {seed for t in records for seed in t.get("tune_seeds", [0])}
+    return {seed: d for seed, d in differences.items() if seed not in tuned}
+
+
+def paired_difference(losses: dict[int, float | None], baseline: dict[int, float | None]) -> dict[int, float]:
+    """Differences on the seeds both sides finished with a finite loss (same seed = same init and data
+    order)."""
     seeds = sorted(s for s in losses.keys() & baseline.keys()
                    if all(v is not None and math.isfinite(v) for v in (losses[s], baseline[s])))
-    return PairedDifference({s: losses[s] - baseline[s] for s in seeds})
+    return {s: losses[s] - baseline[s] for s in seeds}
 
 
-def recorded_cpu(run: dict) -> bool:
-    """Whether a run's summary records its CPU type (runs recorded before it was do not)."""
-    return all(run.get("environment", {}).get(key) is not None for key in ("cpu", "cpu_isa"))
+def cpu_type(run: dict) -> tuple:
+    """A run's CPU model and its vector and matrix extensions (AVX2, AVX-512, AMX; common/environment.py):
+    other kernels round float32 differently. The model name alone is not enough: virtual machines often report
+    a generic one over different hardware. Runs that recorded neither are one type, (None, None)."""
+    env = run.get("environment", {})
+    return env.get("cpu"), tuple(env.get("cpu_isa") or ())
 
 
-def same_cpu_type(run: dict, other: dict) -> bool:
-    """Whether two runs ran on the same CPU model with the same vector and matrix extensions (AVX2, AVX-512, AMX;
-    common/environment.py): only then do their times compare and can their float32 results agree to the bit. A
-    model name alone is not enough, since virtual machines often report a generic one over different hardware."""
-    a, b = run.get("environment", {}), other.get("environment", {})
-    return recorded_cpu(run) and all(a[key] == b.get(key) for key in ("cpu", "cpu_isa"))
-
-
-def pair_by_seed(runs: list[dict], baseline: list[dict]) -> tuple[list[tuple[dict, dict]], int, bool]:
-    """The (run, baseline run) pairs of each seed both sides have, kept where both ran on the same CPU type or
-    neither records it (such runs pair as they always did); with how many pairs were left out, and whether a kept
-    pair's CPU type is unrecorded."""
-    baseline_by_seed = {r["seed"]: r for r in baseline}
-    pairs = [(r, baseline_by_seed[r["seed"]]) for r in runs if r["seed"] in baseline_by_seed]
-    unrecorded = [not recorded_cpu(r) and not recorded_cpu(b) for r, b in pairs]
-    kept = [(r, b) for (r, b), old in zip(pairs, unrecorded, strict=True) if old or same_cpu_type(r, b)]
-    return kept, len(pairs) - len(kept), any(unrecorded)
-
-
-def paired_runs(runs: list[dict], other: list[dict]) -> tuple[PairedDifference, int, bool]:
-    """runs − other seed by seed, paired as pair_by_seed pairs them, a diverged or plateaued run counting as no
-    loss; with pair_by_seed's count of pairs left out and whether a kept pair's CPU type is unrecorded."""
-    pairs, left_out, unrecorded = pair_by_seed(runs, other)
+def paired_runs(runs: list[dict], other: list[dict]) -> tuple[dict[int, float], int]:
+    """runs − other seed by seed, a diverged or plateaued run counting as no loss, paired only where both ran
+    on one CPU type; with how many seeds that rule left out."""
+    by_seed = {r["seed"]: r for r in other}
+    pairs = [(r, by_seed[r["seed"]]) for r in runs if r["seed"] in by_seed]
+    kept = [(r, o) for r, o in pairs if cpu_type(r) == cpu_type(o)]
 
     def losses(side: list[dict]) -> dict[int, float | None]:
         return {r["seed"]: None if r["diverged"] or r.get("plateaued") else r["val_loss"] for r in side}
 
-    return paired_difference(losses([r for r, _ in pairs]), losses([o for _, o in pairs])), left_out, unrecorded
+    differences = paired_difference(losses([r for r, _ in kept]), losses([o for _, o in kept]))
+    return differences, len(pairs) - len(kept)

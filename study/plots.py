@@ -1,21 +1,24 @@
-"""The study's figures: loss curves, stability grids, depth and learning-rate sensitivity (scripts/run_ablation.py's
-report), signal propagation at initialization (scripts/signal_propagation.py)."""
+"""The study's figures: loss curves, stability grids, depth and learning-rate sensitivity
+(scripts/run_ablation.py's report) and the summary over studies (scripts/summarize_studies.py)."""
 
 from pathlib import Path
 
 import numpy as np
 
-from trainer.plots import LAYER_PANELS, line_style, pyplot
+from common.fs import replaced
+from trainer.plots import line_style, pyplot
 
 
 def save(fig, path: Path, rect=None, **savefig) -> None:
     fig.tight_layout(rect=rect)
-    fig.savefig(path, dpi=110, **savefig)
+    with replaced(path) as tmp:  # a link planted at path is replaced, never written through
+        fig.savefig(tmp, dpi=110, format="png", **savefig)
     pyplot().close(fig)
 
 
 def _band(ax, runs: list[list[dict]], split: str, x_key: str, label: str, style: dict) -> None:
-    """Mean over seeds with a min-max band; runs are aligned on step (same schedule), x from the first seed."""
+    """Mean over seeds with a min-max band; runs are aligned on step (same schedule), x from the first
+    seed."""
     curves = [[r for r in recs if r["split"] == split and np.isfinite(r["loss"])] for recs in runs]
     n = min(len(c) for c in curves)
     if n == 0:
@@ -39,7 +42,8 @@ def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
             ax.set(xlabel="step" if x_key == "step" else "training time (s)", ylabel=f"{split} loss")
             ax.grid(alpha=0.3)
     # Beside the panels, not in one: a study of dozens of runs has a legend taller than a panel.
-    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center left", bbox_to_anchor=(1, 0.5), fontsize=8)
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center left", bbox_to_anchor=(1, 0.5),
+               fontsize=8)
     fig.suptitle("mean over seeds, band = min..max")
     save(fig, path, bbox_inches="tight")
 
@@ -48,7 +52,8 @@ def plot_grid(values: np.ndarray, rows: list, cols: list, path: Path, title: str
     """Heatmap of final validation loss (NaN = diverged, drawn as an X) over a learning-rate x warmup grid."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(1.4 + 1.2 * len(cols), 1.0 + 0.6 * len(rows)))
-    ax.imshow(np.nan_to_num(values, nan=np.nanmax(values) if np.isfinite(values).any() else 0), cmap="viridis_r",
+    worst = np.nanmax(values) if np.isfinite(values).any() else 0
+    ax.imshow(np.nan_to_num(values, nan=worst), cmap="viridis_r",
               aspect="auto")
     for i in range(len(rows)):
         for j in range(len(cols)):
@@ -58,10 +63,10 @@ def plot_grid(values: np.ndarray, rows: list, cols: list, path: Path, title: str
     save(fig, path)
 
 
-def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigram: float | None = None) -> None:
+def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigram: float | None = None):
     """Final validation loss against depth: per line (a variant), the mean over seeds with min..max bars, from
-    summaries with val_loss, diverged and plateaued. A diverged seed is left out of the mean and draws an x at the
-    top edge; a plateaued one a ring around the mean. unigram draws the loss of a context-free model."""
+    summaries with val_loss, diverged and plateaued. A diverged seed is left out of the mean and draws an x at
+    the top edge; a plateaued one a ring around the mean. unigram draws the loss of a context-free model."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.5))
     top = ax.get_xaxis_transform()  # x in data, y in axes fraction
@@ -73,15 +78,18 @@ def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigr
         mean = np.array([v.mean() for _, v, _ in kept])
         low, high = np.array([v.min() for _, v, _ in kept]), np.array([v.max() for _, v, _ in kept])
         style = line_style(index)
-        ax.errorbar([d for d, _, _ in kept], mean, yerr=[mean - low, high - mean], marker="o", capsize=3, label=name,
+        ax.errorbar([d for d, _, _ in kept], mean, yerr=[mean - low, high - mean], marker="o", capsize=3,
+                    label=name,
                     **style)
         for (d, _, runs), m in zip(kept, mean, strict=True):
             if any(r["plateaued"] for r in runs):
                 ax.plot(d, m, marker="o", ms=15, mfc="none", mew=1.5, color=style["color"])
-        shift = 1.04 ** (index - (len(lines) - 1) / 2)  # two lines' x marks at one depth stay apart (x is log-scaled)
+        # two lines' x marks at one depth stay apart (x is log-scaled)
+        shift = 1.04 ** (index - (len(lines) - 1) / 2)
         for d, _, runs in finite:
             if any(r["diverged"] for r in runs):
-                ax.plot(d * shift, 0.98, marker="x", ms=10, mew=2, color=style["color"], transform=top, clip_on=False)
+                ax.plot(d * shift, 0.98, marker="x", ms=10, mew=2, color=style["color"], transform=top,
+                        clip_on=False)
     if unigram is not None:
         ax.axhline(unigram, color="gray", ls=":", label=f"unigram model ({unigram:.2f})")
     ax.plot([], [], "kx", label="x at top: a seed diverged")
@@ -95,67 +103,95 @@ def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigr
     save(fig, path)
 
 
-def plot_lr_sensitivity(tuning: list[dict], path: Path) -> None:
-    """Final validation loss (first seed) against peak learning rate, one panel per depth, one line per variant
-    (tuning records of scripts/run_ablation.py --tune_lr). A star marks the chosen lr, a hollow marker a run that
-    plateaued, an x at the top edge one that diverged."""
+def plot_lr_sensitivity(tuning: list[dict], path: Path, title: str = "") -> None:
+    """Final validation loss against peak lr (tuning.json records of run_ablation.py --tune_lr), one panel per
+    depth, one line per variant through the mean over the tune seeds, with each seed as a dot and the min..max
+    as a bar. A star marks the chosen lr, a hollow ring an lr where a seed plateaued, an x at the top one
+    where a seed diverged. The y-range is the band near the best losses, where the contested differences
+    live."""
     depths = sorted({t["depth"] for t in tuning})
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(depths), figsize=(6.5 * len(depths) + 3, 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(depths), figsize=(6.5 * len(depths) + 3, 5), squeeze=False)
+    finite = [v for t in tuning for seeds in t.get("seed_losses") or [t["val_losses"]] for v in seeds
+              if v is not None]
+    low = min(finite, default=0.0)
     for ax, depth in zip(axes[0], depths, strict=True):
         top = ax.get_xaxis_transform()
         for index, t in enumerate(t for t in tuning if t["depth"] == depth):
-            lrs, losses = np.array(t["learning_rates"]), t["val_losses"]
-            finite = np.array([v is not None for v in losses])
-            y = np.array([np.nan if v is None else v for v in losses])
-            style = line_style(index)
-            color = style["color"]
-            ax.plot(lrs[finite], y[finite], marker="o", label=t["variant"], **style)
-            for lr, loss, usable in zip(lrs, y, t["usable"], strict=True):
-                if np.isnan(loss):
-                    ax.plot(lr, 0.98, marker="x", ms=9, mew=2, color=color, transform=top, clip_on=False)
+            style, lrs = line_style(index), np.array(t["learning_rates"])
+            seeds = t.get("seed_losses") or [[v] for v in t["val_losses"]]  # older folders: one tune seed
+            y = np.array([np.mean(s) if None not in s else np.nan for s in seeds])
+            ax.plot(lrs, y, marker="o", label=t["variant"], **style)
+            for lr, values, usable in zip(lrs, seeds, t["usable"], strict=True):
+                kept = [v for v in values if v is not None]
+                ax.plot([lr] * len(kept), kept, ".", color=style["color"], alpha=0.6)
+                if len(kept) > 1:
+                    ax.vlines(lr, min(kept), max(kept), color=style["color"], alpha=0.6)
+                if len(kept) < len(values):
+                    ax.plot(lr, 0.98, marker="x", ms=9, mew=2, color=style["color"], transform=top,
+                            clip_on=False)
                 elif not usable:
-                    ax.plot(lr, loss, marker="o", ms=11, mfc="white", color=color)
+                    ax.plot(lr, np.mean(kept), marker="o", ms=11, mfc="none", color=style["color"])
             if t["chosen_lr"] is not None:
-                ax.plot(t["chosen_lr"], y[list(lrs).index(t["chosen_lr"])], marker="*", ms=16, color=color,
-                        mec="black")
-        ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss (first seed)",
-               title=f"{depth} layers")
+                ax.plot(t["chosen_lr"], y[list(lrs).index(t["chosen_lr"])], marker="*", ms=16, mec="black",
+                        color=style["color"])
+        ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss",
+               title=f"{title} {depth} layers".strip(), ylim=(low - 0.03, low + 0.5))
         ax.grid(alpha=0.3)
     legend = axes[0][-1]
-    legend.plot([], [], "k*", ms=12, label="chosen lr")
-    legend.plot([], [], "ko", mfc="white", label="plateaued (cannot win)")
-    legend.plot([], [], "kx", label="x at top: diverged")
+    legend.plot([], [], "k*", ms=12, label="chosen lr (mean of the tune seeds)")
+    legend.plot([], [], "ko", mfc="none", label="a seed plateaued (cannot win)")
+    legend.plot([], [], "kx", label="x at top: a seed diverged (cannot win)")
     legend.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     save(fig, path)
 
 
-def plot_signal_propagation(results: list[dict], path: Path) -> None:
-    """Per-block statistics at initialization (scripts/signal_propagation.py), one line per variant: against the
-    block index at the largest depth measured (top row) and against depth (bottom row)."""
+def plot_forest(rows: list[dict], path: Path) -> None:
+    """Each paired difference against the baseline on the fresh seeds (summarize_studies.py rows), with its
+    95% CI: a row per variant, optimizer and token budget; a filled marker where it is resolved."""
     plt = pyplot()
-    fig, axes = plt.subplots(2, 3, figsize=(17, 8))
-    deep = max(r["depth"] for r in results)
-    for index, variant in enumerate(dict.fromkeys(r["variant"] for r in results)):
-        style = {"label": variant, "ls": ("-", "--", "-.", ":")[index % 4]}  # coinciding lines stay visible
-        runs = sorted((r for r in results if r["variant"] == variant), key=lambda r: r["depth"])
-        if runs[-1]["depth"] == deep:
-            for ax, (key, _, _) in zip(axes[0], LAYER_PANELS, strict=False):  # the first three: residual_rms, ...
-                ax.plot(np.arange(deep), runs[-1][key], **style)
-        per_depth = ([r["residual_rms"][-1] for r in runs], [r["layer_grad_norm"][0] for r in runs],
-                     [r["gradient_spread"] for r in runs])
-        for ax, values in zip(axes[1], per_depth, strict=True):
-            ax.plot([r["depth"] for r in runs], values, marker="o", **style)
-    for ax, (_, title, scale) in zip(axes[0], LAYER_PANELS, strict=False):
-        ax.set(title=f"{title} (L={deep})", xlabel="block", yscale=scale)
-    depths = sorted({r["depth"] for r in results})
-    for ax, title in zip(axes[1], ("residual RMS entering the last block", "gradient norm of the first block",
-                                   "block gradient norm max / min"), strict=True):
-        ax.set(title=title, xlabel="blocks (depth)", xscale="log", yscale="log")
-        ax.set_xticks(depths, [str(d) for d in depths])
-        ax.minorticks_off()
-    for ax in axes.flat:
+    rows = sorted(rows, key=lambda r: (r["variant"], r["optimizer"], r["steps"]))
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.5))
+    budgets = sorted({r["steps"] for r in rows})
+    for y, r in enumerate(rows):
+        s, color = r["fresh"], f"C{budgets.index(r['steps'])}"
+        if s.mean is None:
+            continue
+        if s.ci_low is not None:
+            ax.hlines(y, s.ci_low, s.ci_high, color=color)
+        ax.plot(s.mean, y, "o" if r["optimizer"] == "adamw" else "s", color=color,
+                mfc=color if r.get("resolved") else "white")
+    ax.axvline(0, color="gray", ls=":")
+    ax.set_yticks(range(len(rows)), [f"{r['variant']}  {r['optimizer']} {r['steps']}" for r in rows],
+                  fontsize=8)
+    ax.set(xlabel="Δ final validation loss vs the baseline (nats), mean and 95% CI over fresh seeds",
+           title=f"circle: AdamW, square: Muon; filled: resolved; colours: {budgets} steps")
+    ax.grid(alpha=0.3, axis="x")
+    save(fig, path)
+
+
+def plot_interaction(rows: list[dict], path: Path) -> None:
+    """Each variant's Δ under AdamW (x) against its Δ under Muon (y), one panel per token budget, with 95%
+    CIs: on the diagonal the optimizer does not change the difference; across an axis it changes its sign."""
+    plt = pyplot()
+    budgets = sorted({r["steps"] for r in rows})
+    fig, axes = plt.subplots(1, len(budgets), figsize=(6 * len(budgets), 5.5), squeeze=False)
+    for ax, steps in zip(axes[0], budgets, strict=True):
+        by = {(r["variant"], r["optimizer"]): r["fresh"] for r in rows if r["steps"] == steps}
+        both = sorted({v for v, _ in by if (v, "adamw") in by and (v, "muon") in by})
+        for index, variant in enumerate(both):
+            a, m = by[variant, "adamw"], by[variant, "muon"]
+            if a.mean is None or m.mean is None:
+                continue
+            err = [[max(s.mean - s.ci_low, 0), max(s.ci_high - s.mean, 0)] if s.ci_low is not None else [0, 0]
+                   for s in (a, m)]
+            ax.errorbar(a.mean, m.mean, xerr=[[err[0][0]], [err[0][1]]], yerr=[[err[1][0]], [err[1][1]]],
+                        fmt="o", capsize=3, label=variant, **line_style(index))
+        ax.axhline(0, color="gray", ls=":")
+        ax.axvline(0, color="gray", ls=":")
+        ax.axline((0, 0), slope=1, color="gray", lw=0.8)
+        ax.set(xlabel="Δ under AdamW (nats)", ylabel="Δ under Muon (nats)", title=f"{steps} steps")
         ax.grid(alpha=0.3)
-    fig.legend(*axes[1][0].get_legend_handles_labels(), loc="center right", fontsize=9)
-    fig.suptitle("signal propagation at initialization, one forward and backward of the LM loss")
-    save(fig, path, rect=(0, 0, 0.86, 1))
+        if both:  # (a budget run under one optimizer alone has an empty panel)
+            ax.legend(fontsize=7)
+    save(fig, path)

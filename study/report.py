@@ -2,14 +2,18 @@
 --tune_lr, and the tables printed at the end."""
 
 import json
+import math
 import statistics
 from pathlib import Path
 
 import numpy as np
 
+from common.cli import UserError
 from common.environment import describe, environment
-from study import lr_tuning, runner
+from common.fs import write_atomically
+from study import lr_tuning
 from study.plots import plot_depth, plot_grid, plot_loss_curves, plot_lr_sensitivity
+from trainer import evaluation
 from trainer.plots import plot_layer_profiles
 from trainer.tracking import read_metrics
 
@@ -40,7 +44,8 @@ def outcomes(runs: list[dict]) -> list[str]:
 
 
 def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
-    head = ["variant", "layers", *(["lr", "warmup"] if grid else []), "val loss", "val bpb", "tokens/s", "s/step",
+    head = ["variant", "layers", *(["lr", "warmup"] if grid else []), "val loss", "val bpb", "tokens/s",
+            "s/step",
             "norm params", "diverged", "plateaued"]
     rows = []
     for (variant, depth, lr, warmup), runs in groups.items():
@@ -51,60 +56,80 @@ def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
     return markdown_table(head, rows)
 
 
-def paired_cells(d: lr_tuning.PairedDifference, left_out: int, unrecorded: bool) -> tuple[str, str]:
-    """A paired difference (lr_tuning.paired_runs) as two table cells: 'mean ± std', and the seeds agreeing with
-    how the seeds paired."""
-    spread = f" ± {d.std:.3f}" if d.std is not None else ""
-    diff = f"{d.mean:+.3f}{spread}" if d.differences else "—"
-    if not d.differences and not left_out:
-        return diff, "—"
-    notes = []
-    if left_out:
-        notes.append(f"{left_out} across CPU types left out")
-    if unrecorded:
-        notes.append("CPU type not recorded")
-    return diff, f"{d.agreeing}/{len(d.differences)}" + (f" ({'; '.join(notes)})" if notes else "")
+def stats_cell(s: lr_tuning.Stats) -> str:
+    """A paired difference as 'mean [95% CI], p, n'; no CI or p below 2 seeds, '—' with none."""
+    ci, p = ("[—]", "—") if s.p is None else (f"[{s.ci_low:+.3f}, {s.ci_high:+.3f}]", f"{s.p:.2g}")
+    return "—" if s.mean is None else f"{s.mean:+.3f} {ci}, p {p}, n {s.n}"
+
+
+def paired_cells(differences: dict[int, float], left_out: int,
+                 *records: dict) -> tuple[list[str], lr_tuning.Stats, lr_tuning.Stats]:
+    """A paired difference (lr_tuning.paired_runs) as cells: over all seeds, with how they paired; over the
+    fresh seeds; resolved or not, on the fresh seeds where 2 or more are, else on all (tune seeds in). With
+    the Stats over all seeds and those the verdict rests on."""
+    whole = lr_tuning.paired_stats(differences)
+    new = lr_tuning.paired_stats(lr_tuning.fresh(differences, *records))
+    notes = f"{left_out} across CPU types left out" if left_out else ""
+    s = new if new.n >= 2 else whole
+    mark = "✓" if lr_tuning.resolved(s) else "no"
+    verdict = "—" if s.p is None else mark + " (tune seeds in)" * (s is whole)
+    return [stats_cell(whole) + (f" ({notes})" if notes else ""), stats_cell(new), verdict], whole, s
 
 
 def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: str) -> str:
     """--tune_lr: each (variant, depth) at its chosen lr, with its usable range and the paired difference."""
     head = ["variant", "layers", "chosen lr", f"usable lrs (≤ {lr_tuning.USABLE_MARGIN} nats from best)",
-            "val loss", "min–max", f"Δ vs {baseline} (paired)", "seeds agreeing", "diverged", "plateaued"]
+            "val loss (n)", f"Δ vs {baseline}: mean [95% CI], p, n", "fresh seeds", "resolved",
+            "diverged", "plateaued"]
     runs_at = {(variant, depth): runs for (variant, depth, _, _), runs in groups.items()}
+    records = {(t["variant"], t["depth"]): t for t in tuning}
     rows = []
     for t in tuning:
         runs = runs_at.get((t["variant"], t["depth"]), [])
         ok = [r["val_loss"] for r in runs if not r["diverged"] and r["val_loss"] is not None]
         usable = t["usable_range"]
-        span = (f"{min(usable):g}–{max(usable):g}" if len(usable) > 1 else f"{usable[0]:g}") if usable else "—"
+        span = f"{min(usable):g}–{max(usable):g}" if len(usable) > 1 else f"{usable[0]:g}" if usable else "—"
         base_runs = runs_at.get((baseline, t["depth"]))
-        paired = (paired_cells(*lr_tuning.paired_runs(runs, base_runs))
-                  if runs and base_runs and t["variant"] != baseline else ("—", "—"))
+        base = records.get((baseline, t["depth"]), t)
+        paired = (paired_cells(*lr_tuning.paired_runs(runs, base_runs), t, base)[0]
+                  if runs and base_runs and t["variant"] != baseline else ["—"] * 3)
         edge = " (edge)" if t["at_edge"] else ""
         chosen = "none usable" if t["chosen_lr"] is None else f"{t['chosen_lr']:g}{edge}"
-        rows.append([t["variant"], str(t["depth"]), chosen, f"{span} ({len(usable)} of {len(t['learning_rates'])})",
-                     mean_std(ok), f"{min(ok):.3f}–{max(ok):.3f}" if ok else "—", *paired, *outcomes(runs)])
+        tried = f"{span} ({len(usable)} of {len(t['learning_rates'])})"
+        rows.append([t["variant"], str(t["depth"]), chosen, tried,
+                     f"{mean_std(ok)} ({len(ok)})" if ok else "—", *paired, *outcomes(runs)])
     return markdown_table(head, rows)
 
 
 def study_cost(out: Path) -> str:
-    """How much training the study folder holds: finished runs and their summed training time."""
+    """How much training the study folder holds; how many runs a modified tree trained (no commit has it)."""
     runs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/summary.json"))]
-    hours = sum(r["train_time_s"] + r.get("compile_time_s", 0.0) for r in runs) / 3600
-    return (f"The study folder holds {len(runs)} finished runs, {hours:.1f} hours of training in all (each run's "
-            "train_time_s plus its warm-up step), evaluation and start-up not counted.")
+    hours = sum(r["train_time_s"] for r in runs) / 3600
+    dirty = sum(bool(r.get("environment", {}).get("git_dirty")) for r in runs)
+    return (f"The study folder holds {len(runs)} finished runs, {hours:.1f} hours of training (evaluation "
+            f"and start-up not counted); {dirty} of {len(runs)} runs were trained from a modified tree.")
 
 
-def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | None = None) -> None:
-    """Write the study folder's report of the finished groups (and, with --tune_lr, every choice made) and print
-    its tables."""
+def chosen_runs(folder: Path) -> dict[str, tuple[dict, list[dict]]]:
+    """variant -> (its tuning.json record, its runs at the chosen lr) of a study folder (one depth)."""
+    if missing := [name for name in ("tuning.json", "results.json") if not (folder / name).is_file()]:
+        raise UserError(f"{folder} has no {' or '.join(missing)}: pass a folder scripts/run_ablation.py "
+                        "--tune_lr wrote (its report is written when the study's runs are finished)")
+    rows = json.loads((folder / "results.json").read_text())
+    return {t["variant"]: (t, [r for r in rows if r["variant"] == t["variant"] and r["depth"] == t["depth"]
+                               and r["args"]["learning_rate"] == t["chosen_lr"]])
+            for t in json.loads((folder / "tuning.json").read_text())}
+
+
+def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = None) -> None:
+    """Write the study folder's report of the finished groups (and, with --tune_lr, every choice made) and
+    print its tables."""
     out = Path(study.out_dir)
     grid = len(study.learning_rates) > 1 or len(study.warmup_steps) > 1
-    metrics = {key: [read_metrics(Path(r["out_dir"]) / "metrics.jsonl") for r in runs] for key, runs in groups.items()}
-    unigram = runner.unigram_loss(base)
-    for key, runs in groups.items():
-        for run, records in zip(runs, metrics[key], strict=True):
-            run["plateaued"] = runner.plateaued(run, records, unigram)
+    metrics = {key: [read_metrics(Path(r["out_dir"]) / "metrics.jsonl") for r in runs]
+               for key, runs in groups.items()}
+    # the same for every run: the smoothed token frequencies of the study's data (trainer/evaluation.py)
+    unigram = next((r["unigram_loss"] for runs in groups.values() for r in runs), math.nan)
 
     def label(variant, depth, lr, warmup, with_depth=True):
         return " ".join([variant, *([f"L{depth}"] if with_depth and len(study.depths) > 1 else []),
@@ -113,28 +138,34 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
     plot_loss_curves({label(*k): m for k, m in metrics.items()}, out / "loss_curves.png")
     plot_layer_profiles({label(*k): m[0] for k, m in metrics.items()
                          if any(r["split"] == "train" for r in m[0])}, out / "layers.png")
-    text = ["# Normalization ablation", "", describe(environment()) + " Each run's own is in results.json.", "",
-            f"Seeds: {study.seeds}. Values are mean ± std over seeds of the final validation evaluation; a diverged "
-            "run (non-finite loss, or a finite one that blew up; docs/training.md) is excluded from the mean and "
-            f"counted. A run plateaued when its final validation loss is within {runner.PLATEAU_MARGIN} nats of a "
-            f"unigram model's ({unigram:.3f}: training-split token frequencies, scored on the validation split) or "
-            "no lower than at its first evaluation.", ""]
+    text = ["# Normalization ablation", "", describe(environment()) + " Each run's is in results.json.", "",
+            f"Seeds: {study.seeds}. Values are mean ± std over seeds of the final validation loss; a "
+            "diverged run (non-finite, or finite and blown up: docs/training.md) is counted, not averaged. A "
+            f"run plateaued when its final validation loss is within {evaluation.PLATEAU_MARGIN} nats of a "
+            f"unigram model's ({unigram:.3f}) or no lower than its first.", ""]
     fair = ""
     if tuning is not None:
-        (out / "tuning.json").write_text(json.dumps(tuning, indent=1))
-        plot_lr_sensitivity(tuning, out / "lr_sensitivity.png")
+        write_atomically(out / "tuning.json", json.dumps(tuning, indent=1))
         fair = fair_table(groups, tuning, study.baseline)
+        if study.lr_from:
+            source = next(iter(study.lr_from.values()))["lr_from"]
+            chose = (f"Each variant trains at the lr the study in {source} chose (its tuning.json records, "
+                     f"copied here: grid, tune seeds, choice); every seed of {study.seeds} trains at it.")
+        else:
+            plot_lr_sensitivity(tuning, out / "lr_sensitivity.png")
+            chose = (f"Each variant trains at the lr of {' '.join(f'{lr:g}' for lr in study.tune_lr)} (grown "
+                     f"×2 or ÷2 past a winning edge up to {lr_tuning.MAX_EXTENSIONS} times; '(edge)': still "
+                     "at one) with the lowest mean final validation loss over the tune seeds "
+                     f"{study.tune_seeds}, where none of them diverged or plateaued; then every seed of "
+                     f"{study.seeds} trains at it.")
         text += ["## Each variant at its own best learning rate", "",
-                 f"Learning rates tried with seed {study.seeds[0]}: {' '.join(f'{lr:g}' for lr in study.tune_lr)} "
-                 "(the grid grows by ×2 or ÷2 past an edge that wins, or ÷2 below it when no lr trains, at most "
-                 f"{lr_tuning.MAX_EXTENSIONS} times; '(edge)' marks a choice still at the edge). The chosen lr has "
-                 "the lowest final validation loss among runs that neither diverged nor plateaued; the other seeds "
-                 f"trained at it only. Δ is the variant's final validation loss minus {study.baseline}'s on the same "
-                 "seed (same initialization seed and data order), mean ± std over seeds; 'seeds agreeing' counts the "
-                 "seeds whose difference has the sign of the mean. A seed pairs only where both runs ran on the same "
-                 "CPU type (model and AVX2 / AVX-512 / AMX, from each run's summary): other kernels round "
-                 "differently, by as much as the smallest effects here; runs recorded before the CPU type was pair "
-                 "as before, and say so.", "", study_cost(out), "", fair, "", "![lr sensitivity](lr_sensitivity.png)", ""]
+                 f"{chose} Δ is the loss minus {study.baseline}'s on the same seed and CPU type, with its "
+                 "95% t confidence interval and paired t-test p; 'fresh seeds' leave out the tune seeds, "
+                 "whose luck helped choose the lr. Resolved (✓): p < "
+                 f"{lr_tuning.WITHIN_ALPHA} on the fresh seeds, or on all where under 2 are fresh ('tune "
+                 f"seeds in'); across two study folders, p < {lr_tuning.ACROSS_ALPHA} in both, one sign.", "",
+                 study_cost(out), "", fair, "",
+                 "" if study.lr_from else "![lr sensitivity](lr_sensitivity.png)", ""]
     table = results_table(groups, grid or tuning is not None)
     text += [table, ""]
     if len(study.depths) > 1:
@@ -157,7 +188,8 @@ def report(study, base, groups: dict[tuple, list[dict]], tuning: list[dict] | No
                 text.append(f"![{name}](grid-{name}.png)")
         text.append("")
     text += ["![loss curves](loss_curves.png)", "", "![per-layer](layers.png)", ""]
-    (out / "results.md").write_text("\n".join(text))
-    rows = [{"variant": variant, "depth": depth, **r} for (variant, depth, _, _), runs in groups.items() for r in runs]
-    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    write_atomically(out / "results.md", "\n".join(text))
+    rows = [{"variant": variant, "depth": depth, **r}
+            for (variant, depth, _, _), runs in groups.items() for r in runs]
+    write_atomically(out / "results.json", json.dumps(rows, indent=1))
     print("\n" + "\n\n".join(part for part in (fair, table, f"wrote {out / 'results.md'}") if part))

@@ -1,4 +1,5 @@
-"""The ablation runner in-process at tiny sizes: variants by name, seeds, depths, the grid, reuse and refusals."""
+"""The ablation runner in-process at tiny sizes: variants by name, seeds, depths, the grid, reuse and
+refusals."""
 
 import json
 import math
@@ -17,8 +18,11 @@ from study import lr_tuning, runner
 from study.parallel import Worker
 from study.plots import plot_loss_curves, plot_lr_sensitivity
 from study.report import results_table
-from study.variants import NAMED, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS
+from study.variants import NAMED, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS, variant_flags, variant_problem
 from trainer import args as trainer_args
+from trainer import evaluation
+from trainer import train_pretrain as tp
+from trainer.checkpoint import step_folders
 from trainer.tracking import read_metrics
 
 
@@ -36,39 +40,43 @@ def study(tmp_path, tiny_flags, monkeypatch):
 
 @pytest.mark.parametrize(("name", "fields"), [
     ("pre-rmsnorm", {"norm": "rmsnorm"}),
-    ("reorder+qk_proj-rmsnorm_noparam", {"norm_position": "reorder", "qk_norm": "proj", "norm": "rmsnorm_noparam"}),
+    ("reorder+qk_proj-rmsnorm_noparam", {"norm_position": "reorder", "qk_norm": "proj",
+                                         "norm": "rmsnorm_noparam"}),
     ("peri+qkv-ssnorm", {"norm_position": "peri", "qk_norm": "head", "v_norm": "head", "norm": "ssnorm"}),
     ("hybrid-rmsnorm", {"norm_position": "hybrid", "qk_norm": "head", "v_norm": "head", "norm": "rmsnorm"}),
     ("peri+embed_scale+one_plus_w-rmsnorm",
      {"norm_position": "peri", "embed_norm": "scale", "norm_gain": "one_plus_w", "norm": "rmsnorm"}),
     ("pre+sub-layernorm", {"sub_norm": True, "norm": "layernorm"}),
-    ("pre+gate-rmsnorm", {"attn_gate": "elementwise", "norm": "rmsnorm"}),
-    ("pre+sinks-rmsnorm", {"attn_sinks": True, "norm": "rmsnorm"}),
     ("mix+depth-dyt", {"norm_position": "mix", "norm_scaling": "depth", "norm": "dyt"}),
+    ("pre+depth+qk_head-derf", {"norm_scaling": "depth", "qk_norm": "head", "norm": "derf"}),  # uncatalogued
     ("rezero", {"norm_position": "rezero", "norm": "none"}),  # no norm to pair: a named variant
 ])
-def test_a_variant_is_looked_up_not_split(name, fields):
-    assert VARIANTS[name] == {**PLACEMENT_DEFAULTS, **fields}
+def test_a_variant_is_read_by_the_trainers_parser_of_names(name, fields):
+    assert variant_flags(name) == {**PLACEMENT_DEFAULTS, **fields}
 
 
 def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkeypatch):
-    """The CPU preset and the GPU default have their own batch, steps and peak learning rate; a given flag wins."""
+    """The CPU preset and the GPU default have their own batch, steps and peak learning rate; a given flag
+    wins."""
     out, keys = ["--out_dir", str(tmp_path / "run")], ("batch_size", "max_steps", "learning_rate")
-    cpu, cuda = ({key: trainer_args.DEVICE_DEFAULTS[device][key] for key in keys} for device in ("cpu", "cuda"))
+    defaults = trainer_args.DEVICE_DEFAULTS
+    cpu, cuda = ({key: defaults[device][key] for key in keys} for device in ("cpu", "cuda"))
     args = trainer_args.parse_args(out)
     assert {key: getattr(args, key) for key in keys} == cpu
-    assert args.hidden_size is None  # the width is the model config's to fill, as in runs recorded before the table
+    # the width is the model config's to fill, as in runs recorded before the table
+    assert args.hidden_size is None
     study, base = run_ablation.parse_args(out)
     assert study.learning_rates == [cpu["learning_rate"]] and base.max_steps == cpu["max_steps"]
-    given = trainer_args.parse_args([*out, "--learning_rate", "3e-4", "--batch_size", "3", "--max_steps", "7"])
+    given = trainer_args.parse_args([*out, "--learning_rate", "3e-4", "--batch_size", "3", "--max_steps",
+                                     "7"])
     assert (given.learning_rate, given.batch_size, given.max_steps) == (3e-4, 3, 7)
     monkeypatch.setattr(trainer_args, "pick_device", lambda name: torch.device("cuda"))
     assert {key: getattr(trainer_args.parse_args(out), key) for key in keys} == cuda != cpu
 
 
 def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
-    """The runner's command line on flags, which must stop with exit status 2 before anything trains or is written;
-    returns its one line on stderr."""
+    """The runner's command line on flags, which must stop with exit status 2 before anything trains or is
+    written; returns its one line on stderr."""
     def no_training(args):
         raise AssertionError(f"trained {args.out_dir}")
     monkeypatch.setattr(runner, "train", no_training)
@@ -82,25 +90,29 @@ def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--variants", "pre-rmsnorm", "sideways-rmsnorm"], "unknown variant 'sideways-rmsnorm'"),
-    (["--variants", "pre+qk-rmsnorm"], "unknown variant 'pre+qk-rmsnorm'"),
+    (["--variants", "pre-rmsnorm", "sideways-rmsnorm"], "error: --variants: variant 'sideways-rmsnorm': "
+                                                        "'sideways' "
+     "is not a norm position; allowed: ['pre', 'post', 'peri', 'reorder', 'deepnorm', 'mix', 'hybrid', "
+     "'hybrid_star', 'rezero']"),
+    # the name the trainer's --variant refuses too: two parts that set one field
+    (["--variants", "pre+qk_head+qk_proj-rmsnorm"], "sets qk_norm a second time"),
     (["--qk_norm", "head"], "are set per run by the study"),
     (["--norm=layernorm"], "are set per run by the study"),
-    (["--depths", "8", "0"], "--depths must be positive integers"),
-    (["--variants", "pre-rmsnorm", "hybrid-none"],
-     "error: variant 'hybrid-none' makes no model (qk_norm='head' needs a norm to apply; allowed with any norm_type "
-     "but 'none' (or set qk_norm='none')); pair its placement with another norm ('all' runs every variant that makes "
-     "one)"),
-    (["--variants", "pre-rmsnorm", "post-rmsnorm", "--tune_lr", "1e-3", "2e-3", "--baseline", "pre-rmsnrom"],
-     "error: --baseline 'pre-rmsnrom' is not one of --variants; choose one of pre-rmsnorm, post-rmsnorm"),
-    *((["--seeds", "0", seed], f"error: --seeds must be in [0, 4294967295] (numpy's seed range), got {seed}")
-      for seed in ("-1", str(2**32))),
+    (["--depths", "8", "0"], "argument --depths: invalid positive_int value: '0'"),
+    (["--variants", "pre-rmsnorm", "hybrid-none"], "error: variant 'hybrid-none' makes no model (qk_norm "
+                                                   "adds "
+     "norms, but norm_type is none)"),
+    (["--seeds", "0", "-1"], "argument --seeds: invalid count value: '-1'"),
     (["--tune_lr", "1e-3", "2e-3", "--learning_rates", "1e-3"], "drop --learning_rates"),
-    (["--tune_lr", "1e-3", "2e-3", "--warmup_steps", "0", "10"], "one --warmup_steps value"),
-    *((["--tune_lr", "1e-3", bad], "--tune_lr learning rates must be finite and > 0") for bad in ("0", "nan", "inf")),
-    *((["--learning_rates", "1e-3", bad], "--learning_rates must be finite and > 0") for bad in ("0", "nan", "inf")),
+    (["--tune_lr", "1e-3", "2e-3", "--warmup_steps", "0", "10"], "give one --warmup_steps"),
+    (["--tune_lr_for", "pre-rmsnorm=1e-3"], "go with --tune_lr"),
+    (["--tune_lr", "1e-3", "--tune_lr_for", "peri-rmsnorm=1e-3"], "--tune_lr_for peri-rmsnorm: not one of"),
+    *((["--tune_lr", "1e-3", bad], "argument --tune_lr: invalid positive_float value") for bad in ("0",
+                                                                                                   "nan")),
+    (["--learning_rates", "1e-3", "inf"], "argument --learning_rates: invalid positive_float value: 'inf'"),
 ])
-def test_bad_study_flags_are_one_line_refused_before_anything_trains(flags, message, capsys, monkeypatch, tmp_path):
+def test_bad_study_flags_are_one_line_refused_before_anything_trains(flags, message, capsys, monkeypatch,
+                                                                     tmp_path):
     err = refused(capsys, monkeypatch, tmp_path, *flags)
     assert err == message if message.startswith("error: ") else message in err, err
 
@@ -109,39 +121,37 @@ def test_study_flags_are_completed_from_the_trainers_and_all_is_every_variant_th
     # every position is a placement of its own, and every placement pairs with every norm type
     assert set(NORM_POSITIONS) <= set(PLACEMENTS) | {"rezero"}
     assert len(VARIANTS) == len(PLACEMENTS) * len(NORM_TYPES) + len(NAMED)
-    study, _ = run_ablation.parse_args(["--variants", "all", "--seeds", "0", str(2**32 - 1)])
+    study, _ = run_ablation.parse_args(["--variants", "all", "--seeds", "0", str(2**40)])
     # norms of no type where the placement adds norms, a (1 + w) gain on a norm with no gain: no model
-    invalid = [name for name, fields in VARIANTS.items()
-               if fields["norm"] == "none" and ((fields["qk_norm"], fields["v_norm"]) != ("none", "none")
-                                                or fields["sub_norm"] or fields["embed_norm"] == "norm")
-               or fields["norm_gain"] != "w" and not NORM_TYPES[fields["norm"]].gain]
-    assert len(invalid) == 16 and "hybrid-none" in invalid and "pre+one_plus_w-rmsnorm_noparam" in invalid
-    assert study.variants == [v for v in VARIANTS if v not in invalid]
-    assert "pre+qk_head-batchnorm" in study.variants and "pre-none" in study.variants
-    assert study.seeds == [0, 2**32 - 1]
-    # the default baseline need not be studied: a study of one variant tunes it alone
+    flags = {name: variant_flags(name) for name in VARIANTS}
+    invalid = [name for name, f in flags.items()
+               if f["norm"] == "none" and ((f["qk_norm"], f["v_norm"]) != ("none", "none") or f["sub_norm"]
+                                           or f["embed_norm"] == "norm")
+               or f["norm_gain"] != "w" and not NORM_TYPES[f["norm"]].gain]
+    assert invalid == [name for name in VARIANTS if variant_problem(name)] and "hybrid-none" in invalid
+    assert study.variants == [v for v in VARIANTS if v not in invalid] and "pre-none" in study.variants
+    assert study.seeds == [0, 2**40]
     study, _ = run_ablation.parse_args(["--variants", "post-rmsnorm", "--tune_lr", "4e-3", "1e-3", "4e-3"])
     assert study.baseline == "pre-rmsnorm" and study.tune_lr == [1e-3, 4e-3]  # sorted, duplicates dropped
-    study, _ = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--baseline", "post-rmsnorm"])
-    assert study.baseline == "post-rmsnorm"
 
 
 @pytest.fixture
 def fake_runs(monkeypatch) -> tuple[list, set]:
-    """Stand-in runs, best at lr 2e-3: (the (variant, lr, seed) of each run trained, in order; the variants whose
-    every run is to be unusable, to add to)."""
+    """Stand-in runs, best at lr 2e-3: (the (variant, lr, seed) of each run trained, in order; the variants
+    whose every run is to be unusable, to add to)."""
     trained, collapsing = [], set()
 
     def fake_run(base, study, variant, depth, lr, warmup, seed, job):
         trained.append((variant, lr, seed))
         # what the run is to the study, its wandb tag job=...
-        assert job == ("run" if study.tune_lr is None else "grid" if seed in study.tune_seeds else "seed")
+        tuned = study.tune_lr is not None and seed in study.tune_seeds
+        assert job == ("grid" if tuned else "seed" if study.tune_lr or study.lr_from else "run")
         return {"variant": variant, "seed": seed, "diverged": False, "plateaued": False, "val_bpb": 1.0,
-                "val_loss": 4.0 + seed / 100 + abs(math.log2(lr / 2e-3)), "tokens_per_s": None, "s_per_step": None,
+                "val_loss": 4.0 + seed / 100 + abs(math.log2(lr / 2e-3)), "tokens_per_s": None,
+                "s_per_step": None,
                 "norm_params": 10}
     monkeypatch.setattr(runner, "run_one", fake_run)
-    monkeypatch.setattr(runner, "unigram_loss", lambda base: 6.0)
-    monkeypatch.setattr(runner, "tuning_point", lambda lr, run, unigram: lr_tuning.Point(
+    monkeypatch.setattr(runner, "tuning_point", lambda lr, run: lr_tuning.Point(
         lr, run["val_loss"], run["variant"] not in collapsing))
     return trained, collapsing
 
@@ -169,14 +179,10 @@ def test_repeated_seeds_and_variants_run_and_count_once(fake_runs, capsys):
     assert [[r["seed"] for r in runs] for runs in groups.values()] == [[0, 1, 2]]
 
 
-def test_a_finished_run_is_reused_with_a_flag_it_predates_as_its_default_and_refused_with_other_values(
-        study, monkeypatch, capsys):
+def test_a_finished_run_is_reused_and_refused_with_other_values(study, monkeypatch, capsys):
     flags = ("--variants", "pre-rmsnorm", "--max_steps", "2", "--eval_interval", "2")
     out = study(*flags)
     run = next((out / "runs").iterdir())
-    summary = json.loads((run / "summary.json").read_text())
-    del summary["args"]["grad_clip"]  # as if the run had been recorded before --grad_clip existed
-    (run / "summary.json").write_text(json.dumps(summary))
 
     def no_training(args):
         raise AssertionError(f"trained {args.out_dir} again")
@@ -191,7 +197,8 @@ def test_a_finished_run_is_reused_with_a_flag_it_predates_as_its_default_and_ref
     with pytest.raises(SystemExit) as stopped:
         run_cli(lambda: study(*flags))
     err = capsys.readouterr().err
-    assert stopped.value.code == 2 and err == (f"error: {run} is finished but its metrics.jsonl is missing; restore "
+    assert stopped.value.code == 2 and err == (f"error: {run} is finished but its metrics.jsonl is missing; "
+                                               "restore "
                                                "it, or delete the run's folder to train it again\n")
     assert (out / "results.md").read_text() == report and (run / "summary.json").is_file()
 
@@ -208,11 +215,14 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study):
         ("post-layernorm", "post", "layernorm", 0, 2), ("post-layernorm", "post", "layernorm", 1, 2),
         ("pre-rmsnorm", "pre", "rmsnorm", 0, 2), ("pre-rmsnorm", "pre", "rmsnorm", 1, 2)]
     assert all(r["step"] == 4 and not r["diverged"] for r in runs)
-    assert all(r["environment"]["torch"] == torch.__version__ for r in runs)  # each run's own, from its summary
+    # each run's own, from its summary
+    assert all(r["environment"]["torch"] == torch.__version__ for r in runs)
     table = (out / "results.md").read_text()
-    assert table.splitlines()[2].startswith("Produced ") and f"torch {torch.__version__}" in table.splitlines()[2]
+    produced = table.splitlines()[2]
+    assert produced.startswith("Produced ") and f"torch {torch.__version__}" in produced
     rows = [line for line in table.splitlines() if line.startswith("| pre-") or line.startswith("| post-")]
-    assert len(rows) == 2 and all(row.startswith(("| pre-rmsnorm | 2 |", "| post-layernorm | 2 |")) and " ± " in row
+    assert len(rows) == 2 and all(row.startswith(("| pre-rmsnorm | 2 |",
+                                                  "| post-layernorm | 2 |")) and " ± " in row
                                   and "| 0/2 |" in row for row in rows)
     # LayerNorm carries a bias as well as a gain; Post-Norm has no final norm (4 norms at 2 layers, not 5)
     norm_params = {r["norm"]: r["norm_params"] for r in runs}
@@ -221,15 +231,17 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study):
 
 
 def test_depths_give_one_run_per_depth_with_that_many_layers(study):
-    out = study("--variants", "mix+depth-rmsnorm", "--depths", "1", "4", "--max_steps", "2", "--eval_interval", "2",
+    out = study("--variants", "mix+depth-rmsnorm", "--depths", "1", "4", "--max_steps", "2",
+                "--eval_interval", "2",
                 "--learning_rate", "2e-3", "--warmup_steps", "50")
     runs = json.loads((out / "results.json").read_text())
     assert sorted(r["depth"] for r in runs) == [1, 4]
     for r in runs:
         assert Path(r["out_dir"]).name == f"mix+depth-rmsnorm-L{r['depth']}-lr0.002-wu50-s0"
-        config = json.loads((Path(r["out_dir"]) / "checkpoint" / "config.json").read_text())
+        config = json.loads((step_folders(Path(r["out_dir"]))[0] / "config.json").read_text())
         assert config["num_hidden_layers"] == r["args"]["num_hidden_layers"] == r["depth"]
-        assert (config["norm_position"], config["norm_scaling"], config["qk_norm"]) == ("mix", "depth", "none")
+        assert (config["norm_position"], config["norm_scaling"], config["qk_norm"]) == ("mix", "depth",
+                                                                                        "none")
         last = [m for m in read_metrics(Path(r["out_dir"]) / "metrics.jsonl") if m["split"] == "train"][-1]
         assert len(last["residual_rms"]) == len(last["block_cosine"]) == r["depth"]
         assert r["num_norms"] == 2 * r["depth"] + 1  # floor(L / 4) Post blocks, the rest Pre, a final norm
@@ -239,48 +251,51 @@ def test_depths_give_one_run_per_depth_with_that_many_layers(study):
 
 
 def test_diverged_run_is_recorded_not_fatal_and_each_run_ends_in_one_line(study, capsys):
-    out = study("--variants", "pre-none", "--seeds", "0", "--learning_rates", "1e-3", "1e6", "--warmup_steps", "0",
+    out = study("--variants", "pre-none", "--seeds", "0", "--learning_rates", "1e-3", "1e6",
+                "--warmup_steps", "0",
                 "--grad_clip", "0", "--max_steps", "30", "--eval_interval", "10")
     printed = capsys.readouterr().out.split("\n=== ")[1:]
-    assert [run.splitlines()[0] for run in printed] == ["pre-none-L2-lr0.001-wu0-s0", "pre-none-L2-lr1e+06-wu0-s0"]
-    closing = [[line for line in run.splitlines() if line.startswith(("done:", "diverged:"))] for run in printed]
+    assert [run.splitlines()[0] for run in printed] == ["pre-none-L2-lr0.001-wu0-s0",
+                                                        "pre-none-L2-lr1e+06-wu0-s0"]
+    closing = [[line for line in run.splitlines() if line.startswith(("done:",
+                                                                      "diverged:"))] for run in printed]
     assert [len(lines) for lines in closing] == [1, 1]
     assert closing[0][0].startswith("done: step 30/30, val loss ")
     assert closing[1][0].startswith("diverged: the loss, gradient or weights became non-finite")
     runs = {Path(r["out_dir"]).name: r for r in json.loads((out / "results.json").read_text())}
     fine, blown = runs["pre-none-L2-lr0.001-wu0-s0"], runs["pre-none-L2-lr1e+06-wu0-s0"]
-    assert not fine["diverged"] and blown["diverged"] and not blown["plateaued"]  # diverged is its own outcome
+    # diverged is its own outcome
+    assert not fine["diverged"] and blown["diverged"] and not blown["plateaued"]
     table = (out / "results.md").read_text()
     assert "| pre-none | 2 | 1e+06 | 0 | — | — | — | — | 0 | 1/1 | 0/1 |" in table
     assert (out / "grid-pre-none-L2.png").stat().st_size > 0
 
 
 def test_plateau_rule():
-    evals = [{"split": "val", "loss": 5.0}, {"split": "train", "loss": 4.0}, {"split": "val", "loss": 4.0}]
-    run = {"diverged": False, "val_loss": 4.0}
-    assert not runner.plateaued(run, evals, unigram=5.0)
-    assert runner.plateaued(run, evals, unigram=4.04)  # within 0.05 nats of the unigram model
-    assert runner.plateaued({**run, "val_loss": 5.0}, evals, unigram=6.0)  # no lower than the first eval
-    assert not runner.plateaued(run, evals[1:], unigram=6.0)  # one evaluation: nothing to compare with
-    assert not runner.plateaued({"diverged": True, "val_loss": None}, evals, unigram=6.0)
+    assert not evaluation.plateaued([5.0, 4.0], unigram=5.0)
+    assert evaluation.plateaued([5.0, 4.0], unigram=4.04)  # within 0.05 nats of the unigram model
+    assert evaluation.plateaued([5.0, 5.0], unigram=6.0)  # no lower than the first
+    assert not evaluation.plateaued([4.0], unigram=6.0)  # one evaluation: nothing to compare with
+    assert not evaluation.plateaued([], unigram=6.0)
 
 
 def test_unigram_loss_is_the_smoothed_frequency_model(tmp_path, tiny_corpus, tiny_tokenizer_dir, monkeypatch):
     monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
-    _, base = run_ablation.parse_args(["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir,
-                                       "--num_proc", "1"])
     tokenizer = load_tokenizer(tiny_tokenizer_dir)
-    train, val = (prepare_split(tiny_corpus, split, tokenizer, num_proc=1).tokens.tolist()
+    train, val = (prepare_split(tiny_corpus, split, tokenizer, num_proc=1).tokens
                   for split in ("train", "validation"))
-    counts = Counter(train)
-    expected = -sum(math.log((counts[t] + 1) / (len(train) + len(tokenizer))) for t in val) / len(val)
-    assert runner.unigram_loss(base) == pytest.approx(expected, rel=1e-9)
+    counts = Counter(train.tolist())
+    total = len(train) + len(tokenizer)
+    expected = -sum(math.log((counts[t] + 1) / total) for t in val.tolist()) / len(val)
+    assert evaluation.unigram_loss(train, val, len(tokenizer)) == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.mark.slow  # ten tiny runs and a rerun: ~17 s on 2 busy cores
-def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reruns_nothing(study, monkeypatch):
-    # Runs of a few steps learn too little to beat a unigram model; judged on loss alone, none counts as plateaued.
-    monkeypatch.setattr(runner, "unigram_loss", lambda base: math.inf)
+def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reruns_nothing(study,
+                                                                                           monkeypatch):
+    # Runs of a few steps learn too little to beat a unigram model; judged on loss alone, none counts as
+    # plateaued.
+    monkeypatch.setattr(tp, "unigram_loss", lambda *splits: math.inf)
     flags = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--tune_seeds", "0",
              "--tune_lr", "1e-3", "3e-2",
              "--max_steps", "3", "--eval_interval", "3", "--warmup_steps", "0", "--log_interval", "3")
@@ -299,7 +314,8 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
         # seed 0 at every grid point, seed 1 only at the chosen lr
         mine = [r for r in runs if r.startswith(t["variant"] + "-")]
         assert len([r for r in mine if r.endswith("-s0")]) == len(lrs)
-        assert [r for r in mine if r.endswith("-s1")] == [runner.run_name(t["variant"], 2, t["chosen_lr"], 0, 1)]
+        assert [r for r in mine if r.endswith("-s1")] == [runner.run_name(t["variant"], 2, t["chosen_lr"],
+                                                                          0, 1)]
     results = json.loads((out / "results.json").read_text())
     assert sorted((r["variant"], r["seed"]) for r in results) == [
         ("post-rmsnorm", 0), ("post-rmsnorm", 1), ("pre-rmsnorm", 0), ("pre-rmsnorm", 1)]
@@ -307,9 +323,15 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
     assert all(r["args"]["learning_rate"] == chosen[r["variant"]] for r in results)
     assert all(r["args"]["wandb_job"] == ("grid" if r["seed"] == 0 else "seed") for r in results)
     table = (out / "results.md").read_text()
-    assert "## Each variant at its own best learning rate" in table and (out / "lr_sensitivity.png").stat().st_size
+    assert "## Each variant at its own best learning rate" in table
+    assert (out / "lr_sensitivity.png").stat().st_size
     post = next(line for line in table.splitlines() if line.startswith("| post-rmsnorm | 2 | "))
-    assert re.search(r"\| [+-]\d\.\d{3} ± \d\.\d{3} \| \d/2 \|", post), post  # paired against pre-rmsnorm
+    # paired against pre-rmsnorm on seeds 0 and 1; seed 0 tuned, so 1 alone is fresh and the verdict says so
+    number, p_value = r"[+-]\d\.\d{3}", r"p \d[\d.e+-]*"
+    assert re.search(rf"\| {number} \[{number}, {number}\], {p_value}, n 2 \| {number} \[—\], p —, n 1 \| "
+                     r"(✓|no) \(tune seeds in\) \|", post), post
+    assert "tune seeds [0]" in table
+    assert re.search(r"\d+ of \d+ runs were trained from a modified tree", table)
 
     # a rerun reuses every run: nothing trains
     def no_training(args):
@@ -322,7 +344,8 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
 def test_speed_columns_leave_out_runs_without_a_timed_step():
     """A one-step run's only step is its warm-up (timed apart as compile time), so it has no tokens/s."""
     run = {"diverged": False, "val_loss": 2.0, "val_bpb": 1.0, "norm_params": 10, "plateaued": False}
-    runs = [{**run, "tokens_per_s": None, "s_per_step": None}, {**run, "tokens_per_s": 100.0, "s_per_step": 0.5}]
+    runs = [{**run, "tokens_per_s": None, "s_per_step": None}, {**run, "tokens_per_s": 100.0,
+                                                                "s_per_step": 0.5}]
     table = results_table({("pre-rmsnorm", 2, 1e-3, 10): runs}, grid=False)
     assert "| 100 | 0.500 |" in table
     assert "| — | — |" in results_table({("pre-rmsnorm", 2, 1e-3, 10): runs[:1]}, grid=False)
@@ -330,46 +353,70 @@ def test_speed_columns_leave_out_runs_without_a_timed_step():
 
 def test_a_variant_that_trains_at_no_lr_grows_its_grid_both_ways_and_trains_no_other_seed(fake_runs, capsys,
                                                                                           monkeypatch):
-    """The tuning loop on stand-in runs: every run of post-rmsnorm collapses, pre-rmsnorm's best is inside; its own
-    grid (--tune_lr_for) is post-rmsnorm's start."""
+    """The tuning loop on stand-in runs: every run of post-rmsnorm collapses, pre-rmsnorm's best is inside;
+    its own grid (--tune_lr_for) is post-rmsnorm's start."""
     trained, collapsing = fake_runs
     collapsing.add("post-rmsnorm")
     fake = runner.run_one
-    study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "2",
-                                           "--tune_lr", "1e-3", "2e-3", "4e-3", "--tune_lr_for",
-                                           "post-rmsnorm=2e-3,4e-3"])
+    study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1",
+                                           "2", "--tune_lr", "1e-3", "2e-3", "4e-3",
+                                           "--tune_lr_for", "post-rmsnorm=2e-3,4e-3"])
     plan = runner.train_study(study, base, Worker())
     pre, post = plan.tuning
     assert pre["chosen_lr"] == 2e-3 and pre["learning_rates"] == [1e-3, 2e-3, 4e-3] and not pre["at_edge"]
     assert pre["seed_losses"][1] == [4.0, 4.01] and pre["val_losses"][1] == pytest.approx(4.005)
     assert post["chosen_lr"] is None and not post["at_edge"]
     assert post["learning_rates"] == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]  # two rounds each way, no more
-    assert [lr for v, lr, s in trained if v == "post-rmsnorm" and s == 1] == [2e-3, 4e-3, 1e-3, 8e-3, 5e-4, 1.6e-2]
+    assert [lr for v, lr, s in trained if v == "post-rmsnorm" and s == 1] == [2e-3, 4e-3, 1e-3, 8e-3, 5e-4,
+                                                                              1.6e-2]
     assert [(v, lr) for v, lr, s in trained if s == 2] == [("pre-rmsnorm", 2e-3)]
     assert list(plan.groups) == [("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0])]
     out = capsys.readouterr().out
     assert ("post-rmsnorm L8: no lr of the grid trained on every tune seed without diverging or plateauing; "
             "adding 0.001 and 0.008 (extension 1 of 2)") in out
-    assert "still at the edge" not in out
+    assert "still at the grid's edge" not in out
     # --report_only plans from the finished runs and trains nothing: here all but pre-rmsnorm's fresh seed
     monkeypatch.setattr(runner, "run_one", lambda *run: pytest.fail("trained"))
-    monkeypatch.setattr(runner, "finished_run", lambda base, study, variant, depth, lr, warmup, seed: None if (
-        variant, seed) == ("pre-rmsnorm", 2) else fake(base, study, variant, depth, lr, warmup, seed, "grid"))
+
+    def finished_run(base, study, *run):
+        return None if (run[0], run[-1]) == ("pre-rmsnorm", 2) else fake(base, study, *run, "grid")
+    monkeypatch.setattr(runner, "finished_run", finished_run)
     study.report_only = True
     plan = runner.train_study(study, base, Worker())
     assert list(plan.pending) == [("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0], 2)] and not plan.groups
     assert "--report_only: 1 runs the study asks for are not trained" in capsys.readouterr().out
 
 
+def test_lr_from_trains_only_fresh_seeds_at_another_studys_choice(fake_runs, tmp_path):
+    """A longer rung at the lrs a shorter one chose: no grid, each variant's seeds at its recorded lr, and the
+    record (with its tune seeds, which the report leaves out as not fresh) carried into the new study."""
+    trained, _ = fake_runs
+    records = [{"variant": "pre-rmsnorm", "depth": 8, "chosen_lr": 8e-3, "tune_seeds": [0, 1]},
+               {"variant": "post-rmsnorm", "depth": 8, "chosen_lr": None, "tune_seeds": [0, 1]}]
+    (tmp_path / "tuning.json").write_text(json.dumps(records))
+    study, base = run_ablation.parse_args(["--variants", "pre-rmsnorm", "--seeds", "2", "3",
+                                           "--lr_from", str(tmp_path)])
+    plan = runner.train_study(study, base, Worker())
+    assert trained == [("pre-rmsnorm", 8e-3, 2), ("pre-rmsnorm", 8e-3, 3)]
+    assert plan.tuning == [{**records[0], "lr_from": str(tmp_path)}] and not plan.pending
+    with pytest.raises(UserError, match="chose no lr for post-rmsnorm L8"):
+        run_ablation.parse_args(["--variants", "post-rmsnorm", "--lr_from", str(tmp_path)])
+    with pytest.raises(UserError, match="drop --tune_lr"):
+        run_ablation.parse_args(["--lr_from", str(tmp_path), "--tune_lr", "1e-3"])
+    with pytest.raises(UserError, match="no tuning.json"):
+        run_ablation.parse_args(["--lr_from", str(tmp_path / "none")])
+
+
 def test_a_study_of_many_variants_draws_no_two_lines_alike(tmp_path, monkeypatch):
-    """17 variants (the fair study at 8 layers) are more than matplotlib's ten colours: colour and dash together
-    tell every line apart, in the lr-sensitivity figure and the loss curves."""
+    """17 variants (the fair study at 8 layers) are more than matplotlib's ten colours: colour and dash
+    together tell every line apart, in the lr-sensitivity figure and the loss curves."""
     from matplotlib.figure import Figure
     styles = []
 
     def record(fig, path, **kwargs):
         styles.append({(line.get_label(), line.get_color(), line.get_linestyle())
                        for ax in fig.axes for line in ax.get_lines() if not line.get_label().startswith("_")})
+        Path(path).write_bytes(b"")
     monkeypatch.setattr(Figure, "savefig", record)
     names = [f"variant{i}" for i in range(17)]
     tuning = [{"variant": name, "depth": 8, "learning_rates": [1e-3, 2e-3], "val_losses": [4.0, None],

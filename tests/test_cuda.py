@@ -1,7 +1,6 @@
-"""The CUDA path on a real GPU (skipped without one): the trainer in bf16, eager and compiled, never waiting on
-the GPU between log steps, resuming, and staying within its memory estimate; the norm kernels against their
-formula; the attention call taking a fused kernel; the MFU peak of this very device.
-scripts/gpu_check.py runs this file first on a lent GPU."""
+"""The CUDA path on a real GPU (skipped without one): the trainer in bf16, eager and compiled, never waiting
+on the GPU between log steps, and resuming; RMSNorm against float64; the attention call taking a fused kernel;
+the MFU peak of this very device. extras/bench/gpu_check.py runs this file first on a lent GPU."""
 
 import math
 import warnings
@@ -11,11 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import trainer.train_pretrain as tp
-from model import MiniMindConfig
 from model.model_minimind import RMSNorm
 from trainer.args import parse_args
-from trainer.diagnostics import peak_flops, peak_flops_of
-from trainer.memory import step_memory_bytes
+from trainer.diagnostics import peak_flops
 from trainer.tracking import read_metrics
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -27,18 +24,16 @@ LOG = 4  # --log_interval, and every evaluation and save falls on a log step
 
 
 @pytest.fixture
-def train_args(tmp_path, monkeypatch, tiny_flags):
-    monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
-
+def train_args(tmp_path, tiny_flags):
     def make(*flags, out: str = "run", log: int = LOG):
-        return parse_args([*tiny_flags, *ON_CUDA, "--log_interval", str(log), "--eval_interval", str(2 * log),
-                           "--save_interval", str(2 * log), "--out_dir", str(tmp_path / out), *map(str, flags)])
+        flags = ["--log_interval", log, "--eval_interval", 2 * log, "--save_interval", 2 * log, *flags]
+        return parse_args([*tiny_flags, *ON_CUDA, "--out_dir", str(tmp_path / out), *map(str, flags)])
     return make
 
 
 def synchronizations(args) -> tuple[dict, int]:
-    """A run's summary and how many times the host waited on the GPU during it (the sync debug mode's warnings).
-    Dynamo's caches are cleared first, so that with --compile every run compiles (and warms up) alike."""
+    """A run's summary and how often the host waited on the GPU (the sync debug mode's warnings); Dynamo is
+    reset first, so that with --compile every run compiles and warms up alike."""
     torch._dynamo.reset()
     torch.cuda.set_sync_debug_mode("warn")
     try:
@@ -51,23 +46,18 @@ def synchronizations(args) -> tuple[dict, int]:
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_bf16_training_never_waits_on_the_gpu_between_log_steps(compiled, train_args, tiny_tokenizer, fresh_dynamo):
-    """Two runs with the same steps that log, evaluate and save (two of each) and the same warm-up, one with three
-    times as many steps between them: if a step that does none of these waited on the GPU, it would wait more."""
+def test_bf16_training_never_waits_on_the_gpu_between_log_steps(compiled, train_args, fresh_dynamo):
+    """Two runs with the same log, eval and save steps (two of each), one with 3x the steps between them: had
+    a step doing none of these waited on the GPU, the longer run would wait more."""
     flags = ["--compile"] if compiled else []
     short, short_syncs = synchronizations(train_args("--max_steps", 2 * LOG, *flags, out="short"))
     args = train_args("--max_steps", 6 * LOG, *flags, log=3 * LOG)
     summary, syncs = synchronizations(args)
     assert syncs == short_syncs > 0  # log steps do wait: the count sees them
     assert summary["step"] == 6 * LOG and not summary["diverged"] and math.isfinite(summary["val_loss"])
-    assert summary["compile_time_s"] > 0 and summary["tokens_per_s"] > 0 and not short["diverged"]
+    assert summary["tokens_per_s"] > 0 and not short["diverged"]
     train = [r for r in read_metrics(args.out_dir + "/metrics.jsonl") if r["split"] == "train"]
-    assert train[-1]["loss"] < train[0]["loss"]
-    # the memory estimate is a lower bound of what the step really allocated
-    config = MiniMindConfig(vocab_size=len(tiny_tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                            num_key_value_heads=1)
-    estimate = step_memory_bytes(config, summary["num_params"], 8, 64, torch.bfloat16) / 2**20
-    assert max(r["peak_mem_mb"] for r in train) >= estimate
+    assert train[-1]["loss"] < train[0]["loss"] and all(r["peak_mem_mb"] > 0 for r in train)
 
 
 def test_bf16_resume_continues_the_run(train_args):
@@ -75,15 +65,16 @@ def test_bf16_resume_continues_the_run(train_args):
     another order, so the resumed run must only stay close to the straight one."""
     straight = tp.train(train_args("--max_steps", 2 * LOG, "--lr_decay_steps", 2 * LOG, out="straight"))
     tp.train(train_args("--max_steps", LOG, "--lr_decay_steps", 2 * LOG, out="halves"))
-    resumed = tp.train(train_args("--max_steps", 2 * LOG, "--lr_decay_steps", 2 * LOG, "--resume", out="halves"))
+    resumed = tp.train(train_args("--max_steps", 2 * LOG, "--lr_decay_steps", 2 * LOG, "--resume",
+                                  out="halves"))
     assert resumed["step"] == straight["step"] == 2 * LOG
     assert resumed["val_loss"] == pytest.approx(straight["val_loss"], rel=2e-2)
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 def test_rmsnorm_on_cuda_matches_the_formula(x_dtype):
-    """The model's RMSNorm as it runs on this GPU (F.rms_norm's fused kernel) against the formula in float64, for
-    the dtypes training feeds it: fp32 (the residual stream under autocast) and bf16 (QK-norm's input)."""
+    """The model's RMSNorm on this GPU against the formula in float64, for the dtypes training feeds it: fp32
+    (the residual stream under autocast) and bf16 (QK-norm's input)."""
     torch.manual_seed(0)
     norm = RMSNorm(512).cuda()
     with torch.no_grad():
@@ -102,22 +93,23 @@ def test_rmsnorm_on_cuda_matches_the_formula(x_dtype):
 
 
 def test_training_attention_takes_a_fused_kernel():
-    """The trainer's SDPA call (bf16, causal, grouped-query, head_dim 64) runs on flash or cuDNN attention: with
-    only those allowed, a fallback to the math kernel would raise."""
+    """The trainer's SDPA call (bf16, causal, grouped-query, head_dim 64) runs on flash or cuDNN attention:
+    with only those allowed, a fallback to the math kernel would raise."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q = torch.randn(8, 8, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k, v = (torch.randn(8, 2, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    k, v = (torch.randn(8, 2, 256, 64, device="cuda", dtype=torch.bfloat16,
+                        requires_grad=True) for _ in range(2))
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
         F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
 
 
 def test_mfu_peak_of_this_device():
-    """This GPU's name is looked up as such: a known datacenter or listed GeForce card gets its peak, a MIG slice
-    none. A failure here names a device the table should learn (trainer/diagnostics.py PEAK_FLOPS)."""
+    """This GPU's name is looked up as such: a known datacenter or listed GeForce card gets its peak, a MIG
+    slice none. A failure here names a device the table should learn (trainer/diagnostics.py PEAK_FLOPS)."""
     name = torch.cuda.get_device_name()
     peak = peak_flops(torch.device("cuda"), torch.bfloat16)
-    assert peak == peak_flops_of(name)
+    assert peak == peak_flops(torch.device("cuda"), torch.bfloat16, name)
     known = any(family in name for family in ("H100", "H200", "A100", "L4", "L40S", "RTX 4090", "RTX 3090"))
     if "MIG" in name:
         assert peak is None, name

@@ -1,5 +1,5 @@
-"""trainer/diagnostics.py: the per-layer statistics on hand-built cases, the hooks that gather them from a real model
-(every placement, attention gates and sinks), the MFU peaks by device name, and the trainer's records of them."""
+"""trainer/diagnostics.py: the per-layer statistics on hand-built cases, the hooks that gather them from a
+real model (every placement), the MFU peaks by device name, and the trainer's records of them."""
 
 import json
 import math
@@ -9,31 +9,31 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from model import NORM_POSITIONS, MiniMindConfig
-from model.model_minimind import QKV_PLACEMENTS, Attention, RotaryEmbedding, apply_rotary
+from model import NORM_POSITIONS
+from model.model_minimind import QKV_PLACEMENTS, apply_rotary
 from tests.tiny import TINY, ids, tiny_model
 from trainer.args import parse_args
 from trainer.diagnostics import (
-    attention_sink_mass,
     block_cosine,
     excess_kurtosis,
+    first_token_attention,
     layer_stats,
     massive_activation_ratio,
     max_attention_logit,
     peak_flops,
-    peak_flops_of,
     rms,
 )
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 
-H, KV, D = TINY["num_attention_heads"], TINY["num_key_value_heads"], TINY["hidden_size"] // TINY["num_attention_heads"]
+H, KV = TINY["num_attention_heads"], TINY["num_key_value_heads"]
+D = TINY["hidden_size"] // H
 
 
 def test_cosine_of_identical_orthogonal_and_opposite_streams():
     x = torch.randn(2, 5, 16)
     assert block_cosine(x, x).item() == pytest.approx(1.0)
-    assert block_cosine(x, 3 * x).item() == pytest.approx(1.0)  # a block that only rescales does not turn the stream
+    assert block_cosine(x, 3 * x).item() == pytest.approx(1.0)  # a block that only rescales: no turn
     assert block_cosine(x, -x).item() == pytest.approx(-1.0)
     a, b = torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)
     a[..., 0], b[0, 0, 1], b[0, 1, 0] = 1.0, 1.0, 1.0  # token 0 orthogonal (0), token 1 identical (1)
@@ -63,38 +63,17 @@ def test_max_attention_logit_counts_only_causal_pairs_and_groups_heads():
     assert max_attention_logit(q, k).item() == pytest.approx(0.0)
 
 
-def test_max_attention_logit_of_an_attention_layer_with_known_weights():
-    """W_q reads the first feature, W_k the second, RoPE turns position p by p radians: q_i.k_j = x_i0 x_j1 cos(i-j)."""
-    config = MiniMindConfig(vocab_size=8, hidden_size=2, num_hidden_layers=1, num_attention_heads=1,
-                            num_key_value_heads=1)
-    attention = Attention(config, 0)
-    with torch.no_grad():
-        attention.q_proj.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
-        attention.k_proj.weight.copy_(torch.tensor([[0.0, 1.0], [0.0, 0.0]]))
-    x = torch.tensor([[[10.0, 0.0], [2.0, 3.0], [1.0, 5.0]]])
-    rope = RotaryEmbedding(config)(torch.arange(3)[None], torch.float32)
-    logit = [[x[0, i, 0].item() * x[0, j, 1].item() * math.cos(i - j) / math.sqrt(2) for j in range(3)] for i in range(3)]
-    expected = max(logit[i][j] for i in range(3) for j in range(i + 1))
-    assert max(max(row) for row in logit) > expected + 1  # the largest product pairs query 0 with key 1, a future key
-    assert max_attention_logit(*attention.project_qk(x, rope)[:2]).item() == pytest.approx(expected)
-    with torch.no_grad():
-        attention.k_proj.weight.mul_(10)  # no QK-norm: logits scale with W_k
-    assert max_attention_logit(*attention.project_qk(x, rope)[:2]).item() == pytest.approx(10 * expected, rel=1e-5)
-
-
-def test_attention_sink_mass_on_hand_built_cases():
-    # q = 0: every logit is 0, so query t (0-based) spreads evenly over its t + 1 keys and the sink
+def test_first_token_attention_on_hand_built_cases():
     seq = 5
-    q, k = torch.zeros(2, H, seq, D), torch.randn(2, KV, seq, D)
-    first, sink = attention_sink_mass(q, k, torch.zeros(H)).tolist()
-    expected = sum(1 / (t + 2) for t in range(1, seq)) / (seq - 1)
-    assert first == pytest.approx(expected) and sink == pytest.approx(expected)
-    first, sink = attention_sink_mass(q, k).tolist()  # no sinks: 1 / (t + 1), nothing on a sink
-    assert first == pytest.approx(sum(1 / (t + 1) for t in range(1, seq)) / (seq - 1)) and sink == 0
+    q, k = torch.zeros(2, H, seq, D), torch.randn(2, KV, seq, D)  # q = 0: query t spreads over t + 1 keys
+    expected = sum(1 / (t + 1) for t in range(1, seq)) / (seq - 1)  # query 0 has no choice: not counted
+    assert first_token_attention(q, k).item() == pytest.approx(expected)
+    q[..., 0], k[:, :, 0, 0] = 1.0, 100.0  # every query looks at the first key only
+    assert first_token_attention(q, k).item() == pytest.approx(1.0)
 
 
-def test_layer_stats_match_a_direct_computation_with_a_gate_and_sinks():
-    model = tiny_model(attn_sinks=True, attn_gate="elementwise").train()
+def test_layer_stats_match_a_direct_computation():
+    model = tiny_model().train()
     x = ids()
     stats = layer_stats(model, x)
     layers = model.model.layers
@@ -106,40 +85,31 @@ def test_layer_stats_match_a_direct_computation_with_a_gate_and_sinks():
             # the last block's output is not in hidden_states (the final norm follows it): recompute it
             out = hidden[i + 1] if i + 1 < len(layers) else layer(h, (cos, sin), None)
             n = layer.input_layernorm(h)
-            q = layer.self_attn.q_proj(n).view(2, 12, H, 2 * D)[..., :D].transpose(1, 2)  # the gate half dropped
+            q = layer.self_attn.q_proj(n).view(2, 12, H, D).transpose(1, 2)
             k = layer.self_attn.k_proj(n).view(2, 12, KV, D).transpose(1, 2)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin).repeat_interleave(H // KV, 1)
-            logits = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(torch.ones(12, 12).triu(1).bool(), -math.inf)
-            sinks = layer.self_attn.sinks.view(1, H, 1, 1).expand(2, H, 12, 1)
-            probs = torch.cat([logits, sinks], -1).softmax(-1)[:, :, 1:]  # the queries that have a choice
+            future = torch.ones(12, 12).triu(1).bool()
+            logits = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(future, -math.inf)
+            probs = logits.softmax(-1)[:, :, 1:]  # the queries that have a choice
             assert stats["max_attn_logit"][i] == pytest.approx(logits.max().item(), rel=1e-5)
             assert stats["attn_first_token"][i] == pytest.approx(probs[..., 0].mean().item(), rel=1e-5)
-            assert stats["attn_sink_share"][i] == pytest.approx(probs[..., -1].mean().item(), rel=1e-5)
             assert stats["residual_rms"][i] == pytest.approx(h.pow(2).mean().sqrt().item(), rel=1e-5)
             cosines = (h * out).sum(-1) / (h.norm(dim=-1) * out.norm(dim=-1))
             assert stats["block_cosine"][i] == pytest.approx(cosines.mean().item(), rel=1e-5)
-            assert stats["massive_activation"][i] == pytest.approx((h.abs().max() / h.abs().median()).item(), rel=1e-5)
+            massive = (h.abs().max() / h.abs().median()).item()
+            assert stats["massive_activation"][i] == pytest.approx(massive, rel=1e-5)
             s = h.flatten().double()
             kurtosis = ((s - s.mean()) ** 4).mean() / ((s - s.mean()) ** 2).mean() ** 2 - 3
             assert stats["excess_kurtosis"][i] == pytest.approx(kurtosis.item(), rel=1e-5, abs=1e-6)
-    assert model.training and not any(block._forward_hooks or block.self_attn._forward_pre_hooks for block in layers)
-    assert "attn_sink_share" not in layer_stats(tiny_model(), x)  # only where sinks exist
-
-
-def test_layer_stats_leave_batchnorm_running_statistics_alone():
-    model = tiny_model(perturb=False, norm_type="batchnorm").train()
-    before = {name: b.clone() for name, b in model.named_buffers()}
-    layer_stats(model, ids())
-    assert model.training and all(torch.equal(b, before[name]) for name, b in model.named_buffers())
-    model(input_ids=ids())  # a training-mode forward does move them: the check has teeth
-    assert not all(torch.equal(b, before[name]) for name, b in model.named_buffers())
+    assert model.training
+    assert not any(block._forward_hooks or block.self_attn._forward_pre_hooks for block in layers)
 
 
 @pytest.mark.parametrize("position,qk_norm", [(p, q) for p in NORM_POSITIONS for q in ("none", "head", "proj")
-                                              if p not in QKV_PLACEMENTS or q == "head"])  # HybridNorm needs head
+                                              if p not in QKV_PLACEMENTS or q == "head"])  # as HybridNorm
 def test_layer_stats_read_what_attention_sees_in_every_placement(position, qk_norm):
-    """The hook sees the attention's real input: the block input where no norm comes before attention, else that
-    norm's output (times LayerNorm Scaling's factor). With unit-gain per-head QK-norm logits are <= sqrt(head_dim)."""
+    """The hook sees the attention's real input: the block input where no norm comes before attention, else
+    that norm's output (times LayerNorm Scaling's). With unit-gain per-head QK-norm logits are <= sqrt(d)."""
     scaling = "depth" if position in ("pre", "mix") else "none"
     model = tiny_model(perturb=False, norm_position=position, qk_norm=qk_norm, norm_scaling=scaling,
                        mix_ln_fraction=0.5, v_norm="head" if position in QKV_PLACEMENTS else "none").train()
@@ -179,10 +149,11 @@ def test_layer_stats_between_steps_do_not_retrace_a_compiled_model(fresh_dynamo)
     ("NVIDIA GeForce RTX 4090", 165), ("NVIDIA GeForce RTX 3090", 71),
     # not guessed: MIG slices (a share of the SMs), other cards, variants of a listed name
     ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", None), ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None),
-    ("NVIDIA GH200 480GB", None), ("NVIDIA GeForce RTX 4090 D", None), ("NVIDIA L40", None), ("Tesla T4", None),
+    ("NVIDIA GH200 480GB", None), ("NVIDIA GeForce RTX 4090 D", None), ("NVIDIA L40", None),
+    ("Tesla T4", None),
 ])
 def test_mfu_peak_by_exact_device_name(name, tflops):
-    peak = peak_flops_of(name)
+    peak = peak_flops(torch.device("cuda"), torch.bfloat16, name)
     assert (peak and peak / 1e12) == tflops
 
 
@@ -191,20 +162,20 @@ def test_no_peak_off_gpu_or_in_fp32():
     assert peak_flops(torch.device("cuda"), torch.float32) is None
 
 
-def test_trainer_logs_every_diagnostic_per_layer(tmp_path, tiny_flags_drawing_layers, monkeypatch):
-    monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
+def test_trainer_logs_every_diagnostic_per_layer(tmp_path, tiny_flags_drawing_layers):
     args: Namespace = parse_args([
         *tiny_flags_drawing_layers, "--num_hidden_layers", "3", "--max_seq_len", "16", "--batch_size", "2",
         "--eval_steps", "1", "--max_steps", "4", "--log_interval", "2", "--eval_interval", "4",
-        "--attn_gate", "headwise", "--attn_sinks", "--out_dir", str(tmp_path / "run")])
+        "--qk_norm", "head", "--out_dir", str(tmp_path / "run")])
     assert not train(args)["diverged"]
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["variant"] == "pre+gate_head+sinks-rmsnorm"
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["variant"] == "pre+qk_head-rmsnorm"
     logged = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in logged] == [2, 4]
     for record in logged:
         for key in ("residual_rms", "layer_grad_norm", "block_cosine", "max_attn_logit", "massive_activation",
-                    "excess_kurtosis", "attn_first_token", "attn_sink_share"):
+                    "excess_kurtosis", "attn_first_token"):
             assert len(record[key]) == 3 and all(math.isfinite(v) for v in record[key]), key
-        assert all(-1 <= c <= 1 for c in record["block_cosine"]) and all(m >= 1 for m in record["massive_activation"])
-        assert all(0 < a + s <= 1 for a, s in zip(record["attn_first_token"], record["attn_sink_share"], strict=True))
+        assert all(-1 <= c <= 1 for c in record["block_cosine"])
+        assert all(m >= 1 for m in record["massive_activation"])
+        assert all(0 < a <= 1 for a in record["attn_first_token"])
     assert (tmp_path / "run" / "layers.png").stat().st_size > 0

@@ -62,7 +62,8 @@ def test_docs_links_resolve():
 
 def test_checker_finds_a_broken_link_and_anchor():
     # a page as if it lived in docs/, checked against the real tracked files without writing it there
-    text = "# Title\n\n[ok](#x) [gone](missing.png) ![fig](model.md#no-such-heading) [web](https://x.y) [fine](model.md)\n"
+    text = ("# Title\n\n[ok](#x) [gone](missing.png) ![fig](model.md#no-such-heading) [web](https://x.y) "
+            "[fine](model.md)\n")
     problems = page_problems(ROOT / "docs" / "probe.md", text, tracked_files())
     assert len(problems) == 2
     assert "missing.png" in problems[0] and "no-such-heading" in problems[1]
@@ -70,10 +71,10 @@ def test_checker_finds_a_broken_link_and_anchor():
 
 
 def test_slug_follows_github():
-    assert slug("2. DyT with the paper's per-position α₀ (3 seeds)") == "2-dyt-with-the-papers-per-position-α₀-3-seeds"
+    assert slug("2. DyT with the paper's per-position α₀ (3 seeds)") == (
+        "2-dyt-with-the-papers-per-position-α₀-3-seeds")
     assert slug("Training throughput against `transformers.LlamaForCausalLM`") == (
-        "training-throughput-against-transformersllamaforcausallm"
-    )
+        "training-throughput-against-transformersllamaforcausallm")
 
 
 def switch_table() -> str:
@@ -95,7 +96,8 @@ def switch_table() -> str:
 
 def test_the_switch_table_in_docs_is_the_declaration():
     text = (ROOT / "docs" / "model.md").read_text(encoding="utf-8")
-    start, end = "<!-- switches: generated from SWITCHES, checked by tests/test_docs.py -->\n", "\n<!-- /switches -->"
+    start = "<!-- switches: generated from SWITCHES, checked by tests/test_docs.py -->\n"
+    end = "\n<!-- /switches -->"
     assert start in text and end in text
     table = text.split(start, 1)[1].split(end, 1)[0]
     assert table == switch_table(), f"replace the table in docs/model.md with:\n{switch_table()}"

@@ -14,8 +14,8 @@ from data import prepare_split
 
 
 def git(repo, *command):
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *command], check=True,
-                   capture_output=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *command],
+                   check=True, capture_output=True)
 
 
 def test_the_libraries_machine_threads_and_date():
@@ -34,7 +34,8 @@ def test_the_commit_and_whether_tracked_files_differ(tmp_path, monkeypatch):
     (tmp_path / "code.py").write_text("x = 1\n")
     git(tmp_path, "add", "code.py")
     git(tmp_path, "commit", "-qm", "first")
-    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout
     env = environment()
     assert env["git_commit"] == head.strip() and env["git_dirty"] is False
     (tmp_path / "notes.txt").write_text("untracked files do not change what the code computes\n")
@@ -57,8 +58,9 @@ def test_git_is_optional(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs CPU affinity masks and two cores to restrict")
-def test_tokenizing_uses_the_cores_the_process_may_use(tmp_path, tiny_corpus, tiny_tokenizer, capsys, monkeypatch):
-    monkeypatch.setattr(datasets.fingerprint, "_CACHING_ENABLED", False)  # else a map done before is not redone
+def test_tokenizing_uses_the_cores_the_process_may_use(tmp_path, tiny_corpus, tiny_tokenizer, capsys,
+                                                       monkeypatch):
+    monkeypatch.setattr(datasets.fingerprint, "_CACHING_ENABLED", False)  # else a map done before is reused
     before = os.sched_getaffinity(0)
     try:
         for cores in (1, 2):
@@ -67,7 +69,7 @@ def test_tokenizing_uses_the_cores_the_process_may_use(tmp_path, tiny_corpus, ti
             prepare_split(tiny_corpus, "train", tiny_tokenizer, cache_dir=tmp_path / str(cores))
             # datasets names its worker count in the progress bar when it starts more than one
             assert ("num_proc=2" in capsys.readouterr().err) == (cores == 2)
-        prepare_split(tiny_corpus, "train", tiny_tokenizer, cache_dir=tmp_path / "flag", num_proc=1)  # the flag wins
+        prepare_split(tiny_corpus, "train", tiny_tokenizer, cache_dir=tmp_path / "flag", num_proc=1)  # wins
         assert "num_proc=" not in capsys.readouterr().err
     finally:
         os.sched_setaffinity(0, before)

@@ -1,9 +1,8 @@
 """eval_llm.py in-process: loading a run or checkpoint, generation (streamed, seeded, with and without the KV
-cache), held-out evaluation, --compare, exported families, and bad input."""
+cache), held-out evaluation, --compare, and bad input (exported families: extras/tests/)."""
 
-import io
+import json
 import math
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -17,21 +16,12 @@ from common.cli import UserError, run_cli
 from data import DEFAULT_TOKENIZER_DIR, bits_per_byte, load_tokenizer, prepare_split
 from eval_llm import Sampling, compare, evaluate_split, generate_text, load, main
 from model import MiniMindConfig, MiniMindForCausalLM
-from scripts import convert_to_hf
 
 TINY = {"vocab_size": 400, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 1}
 GREEDY = Sampling(temperature=0, max_new_tokens=16)
 PROMPT = "**PROSPERO**  \nThou"
 TABLE_HEADER = ["checkpoint", "variant", "loss", "ppl", "bpb"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cache_env(tmp_path_factory):
-    """A private token cache for this module's evaluations."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINIMIND_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -46,19 +36,11 @@ def post_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     return path
 
 
-def greedy_by_generate(lm, ids: list[int], max_new_tokens: int, tokenizer) -> str:
+def greedy_by_generate(lm, ids: list[int], max_new: int, tokenizer) -> str:
     """model.generate's own greedy continuation of ids."""
     ids = torch.tensor([ids])
-    out = lm.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens)
+    out = lm.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new)
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-
-
-def test_out_dir_and_checkpoint_dir_load_the_same_model(trained_run):
-    a, _ = load(trained_run)
-    b, _ = load(trained_run / "checkpoint")
-    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
-    assert not a.training
-    assert eval_llm.display_name(trained_run) == "rms-pre" == eval_llm.display_name(trained_run / "checkpoint")
 
 
 def test_greedy_equals_model_generate_after_bos(post_dir):
@@ -80,8 +62,8 @@ def test_the_cli_prints_the_seeded_continuation_the_same_with_and_without_the_kv
     if sampling.temperature:
         greedy = generate_text(lm, tokenizer, PROMPT, replace(sampling, temperature=0))
         assert expected != greedy
-        assert generate_text(lm, tokenizer, PROMPT, replace(sampling, seed=4)) != expected  # the seed fixes it
-        assert generate_text(lm, tokenizer, PROMPT, replace(sampling, top_k=1)) == greedy  # the likeliest only
+        assert generate_text(lm, tokenizer, PROMPT, replace(sampling, seed=4)) != expected  # seeded
+        assert generate_text(lm, tokenizer, PROMPT, replace(sampling, top_k=1)) == greedy  # the likeliest
     flags = [arg for name in ("temperature", "top_p", "top_k", "seed")
              for arg in (f"--{name}", str(getattr(sampling, name)))]
     argv = ["--device", "cpu", "--model_path", str(trained_run), "--prompt", PROMPT, "--max_new_tokens", "24",
@@ -137,7 +119,7 @@ def test_compare_uses_one_seed_and_leaves_out_a_run_without_a_checkpoint(trained
     """A study's run that diverged before its first save has records but no checkpoint: it is named in a
     warning and left out, and the others are compared; when none loads, one error line and exit status 2."""
     prompts = [PROMPT, "**ARIEL**  \n"]
-    sampled, greedy = Sampling(temperature=1.0, seed=7, max_new_tokens=12), Sampling(temperature=0, max_new_tokens=12)
+    sampled, greedy = Sampling(temperature=1.0, seed=7, max_new_tokens=12), replace(GREEDY, max_new_tokens=12)
     results = compare([trained_run, post_dir], prompts, sampled)
     expected_greedy = {}
     for path, result in zip([trained_run, post_dir], results, strict=True):
@@ -165,87 +147,84 @@ def test_compare_uses_one_seed_and_leaves_out_a_run_without_a_checkpoint(trained
     # The trained checkpoint predicts the held-out text better than the untrained one.
     assert float(trained[2]) < float(untrained[2])
     assert [line for line in err.splitlines() if line.startswith("warning:")] == [
-        f"warning: left out of the comparison: {diverged}: not a model directory (no config.json, no checkpoint or "
-        "step-* folders); has the run saved a checkpoint?"]
+        f"warning: left out of the comparison: {diverged}: no checkpoint (no config.json, no step-N folder); "
+        "has the run saved one?"]
 
     with pytest.raises(SystemExit) as stopped:
         run_cli(lambda: main([*flags, "--compare", str(diverged)]))
     out, err = capsys.readouterr()
     assert stopped.value.code == 2 and out == ""
     assert [line for line in err.splitlines() if line.startswith("error:")] == err.splitlines()[-1:] == [
-        "error: nothing to compare: no model directory could be loaded (the warnings above say why); pass at "
-        "least one that holds a checkpoint"]
+        "error: nothing to compare: no model folder could be loaded (the warnings above say why)"]
 
 
-@pytest.mark.parametrize("flag, values, rule", [
-    ("--temperature", ["-1", "nan", "inf"], "a finite number >= 0 (0 = greedy)"),
-    ("--top_p", ["0", "nan"], "in (0, 1]"), ("--top_k", ["-2"], ">= 0 (0 = off)"),
-    ("--repetition_penalty", ["0", "inf", "nan"], "a finite number > 0 (1 = off)"),
-    ("--max_new_tokens", ["0"], "a positive integer"), ("--eval_batches", ["0"], "a positive integer"),
-    ("--seq_len", ["-3"], "a positive integer"),
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature=-1"], "argument --temperature: invalid non_negative value: '-1' (see --help)"),
+    (["--temperature", "nan"], "argument --temperature: invalid non_negative value: 'nan' (see --help)"),
+    (["--top_p", "nan"], "argument --top_p: invalid finite_float value: 'nan' (see --help)"),
+    (["--top_k=-2"], "argument --top_k: invalid count value: '-2' (see --help)"),
+    (["--top_k", "2.5"], "argument --top_k: invalid count value: '2.5' (see --help)"),  # transformers: ints
+    (["--repetition_penalty", "inf"],
+     "argument --repetition_penalty: invalid finite_float value: 'inf' (see --help)"),
+    (["--max_new_tokens", "0"], "argument --max_new_tokens: invalid positive_int value: '0' (see --help)"),
+    (["--eval_batches", "0"], "argument --eval_batches: invalid positive_int value: '0' (see --help)"),
+    (["--seq_len=-3"], "argument --seq_len: invalid positive_int value: '-3' (see --help)"),
+    ([], "give --model_path DIR, or --compare DIR [DIR ...] (see --help)"),
 ])
-def test_a_bad_flag_is_refused_in_one_line_naming_it(flag, values, rule):
-    for value in values:
-        with pytest.raises(UserError) as err:
-            eval_llm.parse_args(["--model_path", "x", flag, value])
-        assert str(err.value).startswith(f"{flag} must be {rule}, got {value}") and "\n" not in str(err.value)
+def test_a_bad_flag_is_refused_in_one_line(flags, message):
+    with pytest.raises(UserError) as err:
+        eval_llm.parse_args([*(["--model_path", "x"] if flags else ["--prompt", "Hi"]), *flags])
+    assert str(err.value) == message
 
 
-def test_a_model_is_required():
-    with pytest.raises(UserError, match="--model_path"):
-        eval_llm.parse_args(["--prompt", "Hi"])
+class Unreadable:
+    """A stdin that records every attempt to read it, and fails it."""
+    def __init__(self):
+        self.reads = []
+
+    def isatty(self):
+        return True
+
+    def __getattr__(self, name):  # read, readline, fileno, ...
+        self.reads.append(name)
+        raise OSError(f"stdin.{name}: a prompt was shown")
 
 
-@pytest.mark.parametrize("case", ["missing", "no weights", "tokenizer too big", "tokenizer too small"])
-def test_bad_input_is_one_error_line(case, trained_run, tiny_tokenizer_dir, tmp_path, capsys):
-    """The trainer sizes a MiniMind vocabulary to its tokenizer exactly: any other is the wrong one."""
+@pytest.mark.parametrize("case", ["missing", "no weights", "tokenizer too big", "tokenizer too small",
+                                  "own code"])
+def test_bad_input_is_one_error_line_and_never_prompts(case, trained_run, tiny_tokenizer_dir, tiny_tokenizer,
+                                                       tmp_path, monkeypatch, capsys):
+    """A tokenizer of another size than the vocabulary is the wrong one (the trainer sizes them alike); a
+    folder with its own code (auto_map, unknown model_type) is refused, never asking to run it."""
     MiniMindConfig(**TINY).save_pretrained(tmp_path / "weightless")
     MiniMindForCausalLM(MiniMindConfig(**{**TINY, "vocab_size": 512})).save_pretrained(tmp_path / "vocab512")
+    custom, marker = tmp_path / "custom", tmp_path / "the folder's code ran"
+    tiny_tokenizer.save_pretrained(custom)
+    for module in ("configuration_mystery", "modeling_mystery"):
+        (custom / f"{module}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (custom / "config.json").write_text(json.dumps({"model_type": "mystery", "architectures": ["MysteryLM"],
+        "auto_map": {"AutoConfig": "configuration_mystery.MysteryConfig",
+                     "AutoModelForCausalLM": "modeling_mystery.MysteryLM"}}))
     args, expected = {
-        "missing": (["--model_path", tmp_path / "nope"], "no such directory"),
-        "no weights": (["--model_path", tmp_path / "weightless"], "no weights"),
+        "missing": (["--model_path", tmp_path / "nope"], "no such folder"),
+        "no weights": (["--model_path", tmp_path / "weightless", "--tokenizer_path", tiny_tokenizer_dir],
+                       "no checkpoint loads (weightless: "),
         "tokenizer too big": (["--model_path", trained_run, "--tokenizer_path", DEFAULT_TOKENIZER_DIR],
                               f"has {len(load_tokenizer(DEFAULT_TOKENIZER_DIR))} tokens but the model's "
                               "vocabulary has 400"),
-        "tokenizer too small": (["--model_path", tmp_path / "vocab512", "--tokenizer_path", tiny_tokenizer_dir],
-                                "has 400 tokens but the model's vocabulary has 512"),
+        "tokenizer too small": (["--model_path", tmp_path / "vocab512", "--tokenizer_path",
+                                 tiny_tokenizer_dir], "has 400 tokens but the model's vocabulary has 512"),
+        "own code": (["--model_path", custom], f"{custom}: no checkpoint loads (custom: "),
     }[case]
+    monkeypatch.setattr(sys, "stdin", stdin := Unreadable())
+    monkeypatch.setattr("builtins.input", lambda *a: stdin.reads.append("input") or stdin.readline())
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
-        run_cli(lambda: main([*map(str, args), "--prompt", "Hi"]))
+        run_cli(lambda: main([*map(str, args), "--device", "cpu", "--prompt", "Hi"]))
     out, err = capsys.readouterr()
-    assert stopped.value.code == 2
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and expected in errors[0], err
-    assert "Traceback" not in err and out == ""
-
-
-@pytest.mark.parametrize("family, model_type, overrides", [
-    ("LlamaForCausalLM", "llama", {}), ("Qwen3ForCausalLM", "qwen3", {"qk_norm": "head"}),
-    ("Olmo2ForCausalLM", "olmo2", {"norm_position": "reorder", "qk_norm": "proj"})])
-def test_held_out_evaluation_of_every_exported_family(family, model_type, overrides, tiny_tokenizer, tiny_corpus,
-                                                      tmp_path, capsys):
-    """eval_llm.py loads an export as its transformers class and generates what the checkpoint does; plain
-    transformers classes take no shift_labels, so evaluation must not depend on the model computing a loss."""
-    torch.manual_seed(0)
-    config = MiniMindConfig(**TINY, **overrides, initializer_range=0.2)  # wide weights: choices that depend on the prompt
-    MiniMindForCausalLM(config).save_pretrained(tmp_path / "minimind")
-    tiny_tokenizer.save_pretrained(tmp_path / "minimind")
-    assert convert_to_hf.convert(tmp_path / "minimind", tmp_path / "export") == family
-    (lm, tokenizer), (minimind_lm, _) = load(tmp_path / "export"), load(tmp_path / "minimind")
-    assert type(lm).__name__ == family and eval_llm.variant_of(lm.config) == eval_llm.HF_VARIANTS[model_type]
-    assert generate_text(lm, tokenizer, PROMPT, GREEDY) == generate_text(minimind_lm, tokenizer, PROMPT, GREEDY)
-    flags = {"batch_size": 4, "seq_len": 16, "max_batches": 2}
-    minimind = evaluate_split(minimind_lm, tokenizer, tiny_corpus, **flags)
-    exported = evaluate_split(lm, tokenizer, tiny_corpus, **flags)
-    assert exported["loss"] == pytest.approx(minimind["loss"], rel=1e-5) and exported["tokens"] == 2 * 4 * 16
-
-    capsys.readouterr()
-    main(["--device", "cpu", "--model_path", str(tmp_path / "export"), "--eval_data", tiny_corpus, "--seq_len", "16",
-          "--batch_size", "4", "--eval_batches", "2"])
-    header, row = capsys.readouterr().out.strip().splitlines()
-    assert header.split() == TABLE_HEADER
-    assert row.split()[:3] == ["export", eval_llm.HF_VARIANTS[model_type], f"{exported['loss']:.4f}"]
+    (line,) = err.strip().splitlines()
+    assert stopped.value.code == 2 and out == "" and line.startswith("error: ") and expected in line, err
+    assert stdin.reads == [] and not marker.exists()
 
 
 def test_a_diverged_model_has_infinite_perplexity(tiny_tokenizer, tiny_corpus):
@@ -255,24 +234,6 @@ def test_a_diverged_model_has_infinite_perplexity(tiny_tokenizer, tiny_corpus):
         lm.lm_head.weight.mul_(1e4)  # logits in the thousands: a loss whose exp overflows a float
     metrics = evaluate_split(lm, tiny_tokenizer, tiny_corpus, batch_size=4, seq_len=16, max_batches=1)
     assert metrics["loss"] > 710 and metrics["ppl"] == math.inf and math.isfinite(metrics["bpb"])
-    row = eval_llm.format_metrics_table([eval_llm.Result("diverged", "pre-rmsnorm", [], metrics)]).splitlines()[1]
+    table = eval_llm.format_metrics_table([eval_llm.Result("diverged", "pre-rmsnorm", [], metrics)])
+    row = table.splitlines()[1]
     assert row.split()[3] == "inf"
-
-
-def test_a_prompt_that_is_not_utf8_is_read_with_replacement_characters(trained_run, capsys, monkeypatch):
-    lm, tokenizer = load(trained_run)
-    expected = "To be \ufffd" + generate_text(lm, tokenizer, "To be \ufffd", Sampling(temperature=0, max_new_tokens=4))
-    warning = "warning: prompt 'To be \ufffd' is not valid UTF-8; its undecodable bytes are read as U+FFFD"
-    flags = ["--device", "cpu", "--model_path", str(trained_run), "--temperature", "0", "--max_new_tokens", "4"]
-    capsys.readouterr()
-    main([*flags, "--prompt", os.fsdecode(b"To be \xff")])  # as $'To be \xff' reaches sys.argv
-    out, err = capsys.readouterr()
-    assert out == expected + "\n\n" and err.splitlines() == [warning]
-
-    class Terminal(io.TextIOWrapper):  # typed at the prompt, read strictly as UTF-8 (the default outside UTF-8 mode)
-        def isatty(self):
-            return True
-    monkeypatch.setattr(sys, "stdin", Terminal(io.BytesIO(b"To be \xff\n\n"), encoding="utf-8"))
-    main(flags)
-    out, err = capsys.readouterr()
-    assert out == "prompt> " + expected + "\n\nprompt> " and err.splitlines() == [warning]

@@ -53,7 +53,8 @@ def setup() -> tuple:
 @pytest.mark.slow  # two processes start and import torch: ~10-30 s
 def test_sharded_evaluation_matches_one_process(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text(textwrap.dedent(PROBE.format(repo=str(REPO), setup=SETUP, cases=CASES, out=str(tmp_path))))
+    probe.write_text(textwrap.dedent(PROBE.format(repo=str(REPO), setup=SETUP, cases=CASES,
+                                                  out=str(tmp_path))))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe)]
     result = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                             cwd=REPO, timeout=300)

@@ -1,5 +1,5 @@
-"""The numerics, pinned: a sample of variants trains a few steps on the tiny corpus, under AdamW and Muon, and each
-step's training loss and the final validation loss must match the references in tests/assets/losses/.
+"""The numerics, pinned: a sample of variants trains a few steps on the tiny corpus, under AdamW and Muon, and
+each step's training loss and the final validation loss must match the references in tests/assets/losses/.
 
 A change that alters the numerics on purpose regenerates them in the same commit, and its message says why:
 
@@ -25,12 +25,11 @@ TOLERANCE = 5e-5
 
 
 @pytest.mark.parametrize(("variant", "optimizer"), CASES)
-def test_losses_match_the_references(variant, optimizer, tiny_flags, tmp_path, monkeypatch):
-    monkeypatch.setenv("MINIMIND_CACHE", str(tmp_path / "cache"))
+def test_losses_match_the_references(variant, optimizer, tiny_flags, tmp_path):
     out = tmp_path / "run"
     train(parse_args([*tiny_flags, "--variant", variant, "--optimizer", optimizer, "--out_dir", str(out),
-                      "--max_steps", "12", "--warmup_steps", "3", "--learning_rate", "1e-2", "--log_interval", "1",
-                      "--eval_interval", "12", "--save_interval", "12"]))
+                      "--max_steps", "12", "--warmup_steps", "3", "--learning_rate", "1e-2",
+                      "--log_interval", "1", "--eval_interval", "12", "--save_interval", "12"]))
     records = read_metrics(out / "metrics.jsonl")
     losses = {"train": [r["loss"] for r in records if r["split"] == "train"],
               "val": [r["loss"] for r in records if r["split"] == "val"]}

@@ -8,8 +8,9 @@ from tests.tiny import TINY
 
 NAMES = {"rezero+qk_head-rmsnorm": {"norm_position": "rezero", "qk_norm": "head"},
          "pre+softcap0.5-rmsnorm": {"logit_softcap": 0.5},
-         "pre+gate+sinks-rmsnorm": {"attn_gate": "elementwise", "attn_sinks": True},
-         "pre+gate_head-rmsnorm": {"attn_gate": "headwise"},
+         "peri+qkv+sub-layernorm": {"norm_position": "peri", "qk_norm": "head", "v_norm": "head",
+                                    "sub_norm": True, "norm_type": "layernorm"},
+         "pre+qk_proj+v_head-rmsnorm": {"qk_norm": "proj", "v_norm": "head"},
          "mix0.5+depth-layernorm": {"norm_position": "mix", "mix_ln_fraction": 0.5, "norm_scaling": "depth",
                                     "norm_type": "layernorm"}}
 
@@ -25,7 +26,7 @@ def test_nanochat_is_its_recipe():
     """Parameter-free RMSNorm before each sublayer, per head on q and k, after the embedding lookup and before
     lm_head, with the logits soft-capped at 15; the model calls itself by the recipe's name."""
     config = MiniMindConfig(**TINY, **variant_fields("nanochat"))
-    assert (config.norm_type, config.norm_position, config.qk_norm, config.embed_norm, config.logit_softcap) == (
-        "rmsnorm_noparam", "pre", "head", "norm", 15.0)
+    assert (config.norm_type, config.norm_position, config.qk_norm, config.embed_norm,
+            config.logit_softcap) == ("rmsnorm_noparam", "pre", "head", "norm", 15.0)
     assert norm_variant(config) == "nanochat"
-    assert not [name for name, _ in MiniMindForCausalLM(config).named_parameters() if "norm" in name]  # no gains
+    assert not [n for n, _ in MiniMindForCausalLM(config).named_parameters() if "norm" in n]  # no gains

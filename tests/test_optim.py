@@ -1,5 +1,6 @@
-"""trainer/optim.py: the schedule, the decay split, --optimizer muon: which parameters Muon gets, the skipped step;
-exact resume, DDP, divergence and float16 run with both optimizers in test_trainer.py and test_train_loop.py."""
+"""trainer/optim.py: the schedule, the decay split, --optimizer muon: which parameters Muon gets, the skipped
+step; exact resume, DDP, divergence and float16 run with both optimizers in test_trainer.py and
+test_train_loop.py."""
 
 import re
 
@@ -15,9 +16,10 @@ MUON_NAME = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|
 
 @pytest.mark.parametrize("norm_type", ["rmsnorm", "ssnorm", "layernorm"])
 def test_norm_weight_decay_pulls_a_gain_to_zero_and_a_one_plus_w_gain_to_one(norm_type):
-    """One AdamW step with a zero gradient: only the decay moves anything, and only with --norm_weight_decay."""
+    """One AdamW step with a zero gradient: only the decay moves anything, and only with
+    --norm_weight_decay."""
     lr, decay = 0.1, 0.5
-    for norm_gain, on, expected in (("w", False, 1.0), ("w", True, 1 - lr * decay), ("one_plus_w", True, 1.0)):
+    for norm_gain, on, expected in (("w", False, 1), ("w", True, 1 - lr * decay), ("one_plus_w", True, 1)):
         model = tiny_model(perturb=False, norm_type=norm_type, norm_gain=norm_gain)
         optimizer = build_optimizer(model, lr=lr, weight_decay=decay, norm_weight_decay=on)
         for p in model.parameters():
@@ -37,8 +39,8 @@ def split(model, **kw) -> tuple[dict[str, torch.Tensor], list[dict]]:
     return muon, optimizer.adamw.param_groups
 
 
-# every kind of parameter a variant can have: each norm type's (under pre), each placement's and switch's (with
-# RMSNorm), and those of the setups named whole
+# every kind of parameter a variant can have: each norm type's (under pre), each placement's and switch's
+# (with RMSNorm), and those of the setups named whole
 KINDS_OF_PARAMETERS = [name for name in VARIANTS if not variant_problem(name)
                        and (name.startswith("pre-") or name.endswith("-rmsnorm") or "-" not in name)]
 
@@ -56,7 +58,7 @@ def test_muon_gets_the_block_matrices_and_adamw_everything_else(variant):
     assert len(in_adamw) + len(muon) == len(everything)
     assert {id(p) for p in in_adamw} | {id(p) for p in muon.values()} == {id(p) for p in everything}
     assert not {id(p) for p in in_adamw} & {id(p) for p in muon.values()}
-    # decay: the tied embedding, norms and scalars (sinks, ReZero's scales, DyT's alpha) are not decayed
+    # decay: the tied embedding, norms and scalars (ReZero's scales, DyT's alpha) are not decayed
     decayed = {id(p) for group in adamw if group["weight_decay"] for p in group["params"]}
     assert not decayed  # with a tied lm_head, every decayed matrix is Muon's
 
@@ -87,7 +89,7 @@ def test_adamw_is_the_default_and_decays_only_the_matrices():
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.ndim == 2 for p in decay["params"])
     assert any(p is model.model.embed_tokens.weight for p in no_decay["params"])
-    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == sum(p.numel() for p in model.parameters())
+    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == model.num_parameters()
 
 
 def test_one_learning_rate_drives_both_optimizers():
@@ -142,7 +144,8 @@ def test_a_skipped_step_changes_nothing_and_a_taken_one_is_plain_muon_and_adamw(
     plain = build_optimizer(reference, 1e-2, 0.1, optimizer="muon")
     for _ in range(2):
         gradients(reference)
-        plain.step()
+        plain.adamw.step()
+        plain.muon.step()
     gradients(model)
     step_unless(optimizer, torch.tensor(False))
     assert_equal(snapshot(model, optimizer), snapshot(reference, plain))

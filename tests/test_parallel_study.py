@@ -1,5 +1,5 @@
-"""study/parallel.py and the ablation runner under torchrun: ranks train whole runs side by side, each run exactly
-as the study without torchrun trains it, none twice, none lost when a rank is killed."""
+"""study/parallel.py and the ablation runner under torchrun: ranks train whole runs side by side, each run
+exactly as the study without torchrun trains it, none twice, none lost when a rank is killed."""
 
 import contextlib
 import json
@@ -7,8 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -18,54 +21,77 @@ from common.cli import UserError
 from common.environment import usable_cores
 from scripts import run_ablation
 from study import lr_tuning, parallel
-from study.parallel import Worker, train_in_parallel, try_claim
+from study.parallel import Worker, meet, train_in_parallel
 from study.runner import tune_plan
 
 REPO = Path(__file__).resolve().parents[1]
 COMPARED = ("step", "diverged", "train_loss", "val_loss", "val_bpb", "num_params", "seed", "variant")
 
 
-def test_two_ranks_share_the_runs_and_train_each_once(tmp_path, monkeypatch):
-    """Two workers (threads here, processes under torchrun) over one folder of claims: every run trains once, both
-    work, and a run another worker finished drops out of what is pending."""
-    monkeypatch.setattr(parallel, "POLL_S", 0.01)
-    runs = [f"run{i}" for i in range(8)]
-    done, trained = tmp_path / "done", []
-    done.mkdir()
+class Store:
+    """A stand-in for torchrun's store, for ranks that are threads: it records the waits they asked for."""
 
-    def pending():
-        return [run for run in runs if not (done / run).exists()]
+    def __init__(self):
+        self.store, self.waits = torch.distributed.HashStore(), []
 
-    def worker(name):
-        def train(run):
-            if not (done / run).exists():  # as the runner does, decided under the claim
-                trained.append((name, run))
-                time.sleep(0.02)
-                (done / run).write_text(name)
-        train_in_parallel(pending, lambda run: tmp_path / f"{run}.lock", lambda run: done, train, timeout_min=1)
+    def add(self, key, amount):
+        return self.store.add(key, amount)
 
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(worker, ("a", "b")))  # (list: a worker's exception fails the test)
-    assert sorted(run for _, run in trained) == runs  # each once
-    assert {name for name, _ in trained} == {"a", "b"}
+    def set(self, key, value):
+        self.store.set(key, value)
+
+    def wait(self, keys, timeout):
+        self.waits.append(timeout)
+        self.store.wait(keys, min(timeout, timedelta(seconds=30)))  # a rank that never comes fails the test
 
 
-def test_a_claim_is_refused_while_held_and_a_folder_without_file_locks_is_refused(tmp_path, monkeypatch):
-    parallel.require_locks(tmp_path / "claims")  # a local filesystem has them; the probe's claim is released
-    with try_claim(tmp_path / "claims" / "probe.lock"):
-        assert try_claim(tmp_path / "claims" / "probe.lock") is None
-        parallel.require_locks(tmp_path / "claims")  # another rank probing at the same moment
-    monkeypatch.setattr(parallel, "exclusive_lock", lambda path: contextlib.nullcontext(False))
-    with pytest.raises(UserError, match="without file locks, so the ranks cannot share out the runs"):
-        parallel.require_locks(tmp_path / "claims")
+@pytest.fixture
+def store(monkeypatch) -> Store:
+    """Ranks that are threads meet through one Store, each counting its meetings from 0."""
+    meetings = Store()
+    monkeypatch.setattr(parallel, "study_store", lambda worker: meetings)
+    monkeypatch.setattr(parallel, "MEETINGS", Counter())
+    return meetings
 
 
-def test_an_idle_rank_gives_up_when_the_runs_it_waits_for_stop_changing(tmp_path, monkeypatch):
-    monkeypatch.setattr(parallel, "POLL_S", 0.01)
-    lock = tmp_path / "run.lock"
-    with try_claim(lock), pytest.raises(UserError, match=r"have not changed for 0.001 minutes \(--dist_timeout\)"):
-        train_in_parallel(lambda: ["run"], lambda run: lock, lambda run: tmp_path, lambda run: None,
-                          timeout_min=0.001)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_run_i_goes_to_rank_i_mod_world_size_and_the_ranks_replan_once_all_are_done(world_size, store):
+    """A hand-made tuned study: grid runs g0..g4 (g1 finished before), then, once the grid is done, seed
+    runs s0..s3. Ranks are threads; rank 1 is slow to make its first plan. Every rank trains run i of each
+    plan when i % world_size is its rank, and each run once (a rank that planned late, or early, would
+    train another's)."""
+    done, trained, lock = {"g1"}, {rank: [] for rank in range(world_size)}, threading.Lock()
+    grid, seeds = [f"g{i}" for i in range(5)], [f"s{i}" for i in range(4)]
+    first_trained = threading.Event()
+
+    def pending(rank):
+        if rank == 1 and not trained[1]:
+            first_trained.wait(0.5)  # another rank's run finished meanwhile would change this plan: none may
+        with lock:
+            grid_left = [run for run in grid if run not in done]
+            return grid_left or [run for run in seeds if run not in done]
+
+    def train(rank, run):
+        with lock:
+            trained[rank].append(run)
+            done.add(run)
+        first_trained.set()
+
+    def rank(r):
+        train_in_parallel(lambda: pending(r), lambda run: train(r, run), Worker(r, world_size), 2)
+
+    with ThreadPoolExecutor(world_size) as pool:
+        list(pool.map(rank, range(world_size)))  # (list: a rank's exception fails the test)
+    rounds = [["g0", "g2", "g3", "g4"], seeds]  # g1 is reused, not trained: the first plan lists the others
+    assert trained == {r: [run for plan in rounds for run in plan[r::world_size]] for r in range(world_size)}
+    # each round: a meeting after planning (--dist_timeout) and one after training (no limit)
+    assert sorted(set(store.waits)) == [timedelta(minutes=2), timedelta(days=365)]
+    assert len(store.waits) == 2 * len(rounds) * world_size
+
+
+def test_a_rank_that_waits_past_the_timeout_ends_in_one_line(store):
+    with pytest.raises(UserError, match=r"^rank 1 waited past --dist_timeout for the others: .*timeout"):
+        meet(Worker(rank=1, world_size=2), 0.001)
 
 
 def test_a_worker_takes_its_own_share_and_hides_torchrun_from_the_trainer(monkeypatch):
@@ -86,7 +112,8 @@ def test_tuning_sends_every_grid_run_out_before_any_other_seed(monkeypatch):
     study, _ = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "2",
                                         "--tune_lr", "1e-3", "2e-3", "4e-3"])
     point = lambda run: lr_tuning.Point(run[2], abs(run[2] - 2e-3), True)  # noqa: E731
-    grid = {("pre-rmsnorm", 8, lr, study.warmup_steps[0], seed): {} for lr in (1e-3, 2e-3, 4e-3) for seed in (0, 1)}
+    grid = {("pre-rmsnorm", 8, lr, study.warmup_steps[0], seed): {}
+            for lr in (1e-3, 2e-3, 4e-3) for seed in (0, 1)}
     plan = tune_plan(study, grid, point, print)  # pre's grid is done, post's not started
     assert list(plan.pending.values()) == ["grid"] * 6 + ["seed"]
     assert list(plan.pending)[-1] == ("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0], 2)
@@ -98,8 +125,8 @@ def test_tuning_sends_every_grid_run_out_before_any_other_seed(monkeypatch):
 
 
 def torchrun(flags: list[str], env: dict, log: Path) -> subprocess.Popen:
-    """The runner under torchrun on 2 ranks, its output into log (a pipe nobody reads while the test polls would fill
-    up and stop the ranks)."""
+    """The runner under torchrun on 2 ranks, its output into log (a pipe nobody reads while the test polls
+    would fill up and stop the ranks)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(REPO / "scripts" / "run_ablation.py"), *flags]
     with open(log, "w") as out:
@@ -118,14 +145,16 @@ def trained(log: str) -> list[str]:
 
 @pytest.fixture
 def runner(tmp_path, tiny_flags, monkeypatch):
-    """(flags of a tiny study in folder `name`, torchrun's environment, the study trained in this process): one
-    token cache for all, and the threads a rank gets for every run (a run's float arithmetic depends on them)."""
+    """(flags of a tiny study in folder `name`, torchrun's environment, the study trained in this process):
+    one token cache for all, and the threads a rank gets for every run (a run's float arithmetic depends on
+    them)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(MINIMIND_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", HOME=str(tmp_path))
     monkeypatch.setenv("MINIMIND_CACHE", env["MINIMIND_CACHE"])
 
     def flags(name: str, *more: str) -> list[str]:
-        return ["--out_dir", str(tmp_path / name), *tiny_flags, "--log_interval", "5", "--dist_timeout", "2", *more]
+        return ["--out_dir", str(tmp_path / name), *tiny_flags, "--log_interval", "5", "--dist_timeout", "2",
+                *more]
 
     def alone(name: str, *more: str) -> None:
         threads = torch.get_num_threads()
@@ -153,9 +182,10 @@ def children(pid: int) -> list[int]:
 
 @pytest.mark.slow  # torchrun twice, and the same study in this process
 def test_a_study_under_torchrun_trains_each_run_once_as_without_and_survives_a_killed_rank(runner, tmp_path):
-    """2 variants x 2 seeds on 2 ranks. A rank is killed once a run is finished and another has a checkpoint; the
-    same command then finishes the study: the finished run is not trained again, the others resume, and every
-    summary equals that of the study without torchrun, bit for bit (exact resume included)."""
+    """2 variants x 2 seeds on 2 ranks, each run on one rank. A rank is killed once a run is finished and
+    another has a checkpoint; the same command then finishes the study: the finished run is not trained again,
+    the others resume, each run is in the results once, and every summary equals that of the study without
+    torchrun, bit for bit (exact resume included)."""
     flags, env, alone = runner
     study = ("--variants", "pre-rmsnorm", "post-rmsnorm", "--seeds", "0", "1", "--max_steps", "200",
              "--eval_interval", "100", "--save_interval", "40")
@@ -171,28 +201,27 @@ def test_a_study_under_torchrun_trains_each_run_once_as_without_and_survives_a_k
     else:
         pytest.fail("no run finished while another was under way")
     before = {name: (folder / name / "summary.json").read_text() for name in finished}
-    rank = max(children(first.pid))
-    # the run the rank holds: each claim file carries its holder's pid
-    held = {p.stem for p in (tmp_path / "ranks" / ".claims").glob("*.lock") if p.read_text().strip() == str(rank)}
-    os.kill(rank, signal.SIGKILL)
+    os.kill(max(children(first.pid)), signal.SIGKILL)
     first_log = finish(first, tmp_path / "first.log")
     assert first.returncode != 0
     again = torchrun(flags("ranks", *study), env, tmp_path / "again.log")
     again_log = finish(again, tmp_path / "again.log")
     assert again.returncode == 0, again_log[-3000:]
-    assert {name: (folder / name / "summary.json").read_text() for name in finished} == before  # not trained again
+    # the finished runs are not trained again
+    assert {name: (folder / name / "summary.json").read_text() for name in finished} == before
     assert not set(trained(again_log)) & finished
     assert set(trained(first_log)) | set(trained(again_log)) == {p.name for p in folder.iterdir()}
-    # No two ranks took the same run, except that the killed rank's run, freed with its claim, may be taken over by
-    # the other rank before torchrun stops it too.
-    taken = trained(first_log)
-    assert {run for run in taken if taken.count(run) > 1} <= held and all(taken.count(run) <= 2 for run in held)
-    assert again_log.count("wrote ") == 1 and (tmp_path / "ranks" / "results.md").is_file()  # the report, by rank 0
+    for log in (first_log, again_log):  # no two ranks took the same run
+        assert len(trained(log)) == len(set(trained(log)))
+    # the report, by rank 0 alone
+    assert again_log.count("wrote ") == 1 and (tmp_path / "ranks" / "results.md").is_file()
     alone("alone", *study)
+    results = [Path(r["out_dir"]).name for r in json.loads((tmp_path / "ranks" / "results.json").read_text())]
+    assert len(set(results)) == len(results) == 4
     assert summaries(tmp_path / "ranks") == summaries(tmp_path / "alone")
 
 
-@pytest.mark.slow  # torchrun, and the same study in this process
+@pytest.mark.slow  # torchrun twice, and the same study in this process
 def test_a_tuned_study_under_torchrun_makes_the_same_choices_and_a_rerun_trains_nothing(runner, tmp_path,
                                                                                          monkeypatch):
     flags, env, alone = runner
@@ -201,11 +230,14 @@ def test_a_tuned_study_under_torchrun_makes_the_same_choices_and_a_rerun_trains_
     ranks = torchrun(flags("ranks", *study), env, tmp_path / "ranks.log")
     log = finish(ranks, tmp_path / "ranks.log")
     assert ranks.returncode == 0, log[-3000:]
-    assert sorted(trained(log)) == sorted(p.name for p in (tmp_path / "ranks" / "runs").iterdir())  # once each
+    assert sorted(trained(log)) == sorted(p.name for p in (tmp_path / "ranks" / "runs").iterdir())  # once
     alone("alone", *study)
     assert json.loads((tmp_path / "ranks" / "tuning.json").read_text()) == json.loads(
         (tmp_path / "alone" / "tuning.json").read_text())
     assert summaries(tmp_path / "ranks") == summaries(tmp_path / "alone")
+    again = torchrun(flags("ranks", *study), env, tmp_path / "again.log")  # the same command: no training
+    again_log = finish(again, tmp_path / "again.log")
+    assert again.returncode == 0 and trained(again_log) == [], again_log[-3000:]
 
     def no_training(args):
         raise AssertionError(f"trained {args.out_dir} again")

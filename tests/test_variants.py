@@ -1,43 +1,32 @@
-"""The property matrix: every variant of the catalogue (study/variants.py: each name that makes a model) through the
-properties every model must keep (the list: tests/README.md). A variant joins by being in the catalogue."""
+"""The property matrix: every variant of the catalogue (study/variants.py: each name that makes a model)
+through the properties every model must keep (the list: tests/README.md; the export to Hugging Face classes:
+extras/tests/test_export_property.py). A variant joins by being in the catalogue."""
 
 import copy
-import json
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from model import NORM_POSITIONS, NORM_TYPES, MiniMindConfig, MiniMindForCausalLM, norm_variant
-from model.hf_export import hf_family
-from scripts import convert_to_hf
-from study.variants import VARIANTS, variant_fields, variant_problem
+from model import (
+    NORM_POSITIONS,
+    NORM_TYPES,
+    MiniMindForCausalLM,
+    norm_variant,
+    variant_fields,
+    variant_problem,
+)
+from study.variants import VARIANTS
 from tests.tiny import FIXTURES, TINY, assert_saved_logits, ids, tiny_model
 
 CATALOGUE = [name for name in VARIANTS if not variant_problem(name)]
-# The variants a Hugging Face family computes exactly, and the class each exports as (scripts/convert_to_hf.py)
-EXPORTS = {"pre-rmsnorm": "LlamaForCausalLM", "pre-rmsnorm_noparam": "LlamaForCausalLM",
-           "pre+qk_head-rmsnorm": "Qwen3ForCausalLM", "pre+qk_head-rmsnorm_noparam": "Qwen3ForCausalLM",
-           "reorder+qk_proj-rmsnorm": "Olmo2ForCausalLM", "reorder+qk_proj-rmsnorm_noparam": "Olmo2ForCausalLM",
-           "peri+embed_scale+one_plus_w-rmsnorm": "Gemma2ForCausalLM",
-           "peri+qk_head+embed_scale+one_plus_w-rmsnorm": "Gemma3ForCausalLM"}
 NEW_TOKENS = 8
 
 
-def exportable(name: str) -> bool:
-    try:
-        hf_family(MiniMindConfig(**variant_fields(name)))
-    except ValueError:
-        return False
-    return True
-
-
-def test_the_catalogue_covers_every_norm_type_and_placement_and_exports_as_the_table_says():
+def test_the_catalogue_covers_every_norm_type_and_placement():
     fields = [variant_fields(name) for name in CATALOGUE]
     assert {f["norm_type"] for f in fields} == set(NORM_TYPES)
     assert {f["norm_position"] for f in fields} == set(NORM_POSITIONS)
-    assert [name for name in CATALOGUE if exportable(name)] == [name for name in CATALOGUE if name in EXPORTS]
-    assert set(EXPORTS) <= set(CATALOGUE)
 
 
 @pytest.fixture(scope="module", params=CATALOGUE)
@@ -57,8 +46,8 @@ def test_generation_with_the_kv_cache_equals_full_forwards_without_it(model):
     """Greedy generate() against an argmax loop of full forwards: the same tokens, and at every step the same
     logits, not just the same argmax. (generate() without the cache: test_eval_llm.py, --no_kv_cache.)"""
     prompt = ids(batch=1, seq=5)
-    out = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, use_cache=True,
-                         output_logits=True, return_dict_in_generate=True)
+    out = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
+                         use_cache=True, output_logits=True, return_dict_in_generate=True)
     looped, step_logits = prompt, []
     with torch.no_grad():
         for _ in range(NEW_TOKENS):
@@ -95,9 +84,7 @@ def test_a_later_token_never_changes_an_earlier_logit(variant, model):
     x = ids(batch=4, seq=16)
     changed = x.clone()
     changed[:, 9:] = (changed[:, 9:] + 7) % TINY["vocab_size"]
-    # in training BatchNorm's batch statistics mix every position (test_norms.py shows the leak)
-    modes = ["eval"] if variant_fields(variant)["norm_type"] == "batchnorm" else ["train", "eval"]
-    for mode in modes:  # ending in eval mode, as the model was
+    for mode in ("train", "eval"):  # ending in eval mode, as the model was
         model.train(mode == "train")
         with torch.no_grad():
             a, b = model(x).logits, model(changed).logits
@@ -105,23 +92,10 @@ def test_a_later_token_never_changes_an_earlier_logit(variant, model):
         assert (a[:, 9:] - b[:, 9:]).abs().max() > 1e-4, mode
 
 
-@pytest.mark.parametrize("variant", sorted(EXPORTS))
-def test_export_computes_the_same_logits(variant, tmp_path):
-    model = tiny_model(**variant_fields(variant))
-    model.save_pretrained(tmp_path / "src")
-    assert convert_to_hf.convert(tmp_path / "src", tmp_path / "dst") == EXPORTS[variant]
-    # transformers 4.x reads theta from here (5.x from rope_parameters); without it 4.x would use 10000
-    assert json.loads((tmp_path / "dst" / "config.json").read_text())["rope_theta"] == model.config.rope_theta
-    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "dst").eval()
-    assert type(exported).__name__ == EXPORTS[variant]
-    with torch.no_grad():
-        assert (exported(ids()).logits - model(ids()).logits).abs().max().item() <= 1e-4
-
-
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.iterdir()))
 def test_a_checkpoint_of_the_first_release_loads_with_the_logits_it_gave(name):
-    """Saved before most switches existed (pre/post x every norm type of then): each switch takes the value that
-    computes the old model, so the variant is the one it was saved as, with the same logits and the same init."""
+    """Saved before most switches existed (pre/post x every norm type of then): each switch takes the value
+    that computes the old model, so the variant is the one it was saved as, with the same logits and init."""
     expected = torch.load(FIXTURES / name / "expected.pt")
     model = AutoModelForCausalLM.from_pretrained(FIXTURES / name).eval()
     assert norm_variant(model.config) == name

@@ -1,5 +1,5 @@
-"""The optimizer (AdamW, or Muon for the blocks' matrices with AdamW for the rest) with the usual decay split, and
-the warmup + cosine learning-rate schedule."""
+"""The optimizer (AdamW, or Muon for the blocks' matrices with AdamW for the rest) with the usual decay split,
+and the warmup + cosine learning-rate schedule."""
 
 import math
 
@@ -13,19 +13,17 @@ OPTIMIZERS = ("adamw", "muon")
 
 
 def block_matrices(model: nn.Module) -> list[nn.Parameter]:
-    """Muon's share: the blocks' q/k/v/o and gate/up/down projections (the attention gate's logits are rows of
-    q_proj). Embeddings, an untied lm_head, norms and scalars are not: Muon orthogonalizes a hidden layer's
-    update, which fits none of them (nanochat and modded-nanogpt split it the same way)."""
+    """Muon's share: the blocks' q/k/v/o and gate/up/down projections. Embeddings, an untied lm_head, norms
+    and scalars are not: Muon orthogonalizes a hidden layer's update (nanochat splits it the same way)."""
     return [m.weight for block in model.modules() if isinstance(block, MiniMindBlock)
             for m in block.modules() if isinstance(m, nn.Linear)]
 
 
-def adamw_groups(model: nn.Module, weight_decay: float, norm_weight_decay: bool, exclude: set[int]) -> list[dict]:
-    """Weight decay only on weight matrices (and norm gains with norm_weight_decay); ids in exclude are Muon's.
-
-    Decaying a 1-D gain, bias or DyT alpha pulls the norm toward zero output, and decaying the tied embedding
-    shrinks rare tokens' vectors. norm_weight_decay decays gains as OLMo 2 and HybridNorm do: a plain gain toward
-    0, a (1 + w) gain toward 1, a confound of norm comparisons that the switch makes explicit."""
+def adamw_groups(model: nn.Module, weight_decay: float, norm_weight_decay: bool,
+                 exclude: set[int]) -> list[dict]:
+    """Weight decay on weight matrices only (ids in exclude are Muon's): decaying a gain, bias or DyT alpha
+    pulls the norm toward zero output, and decaying the tied embedding shrinks rare tokens' vectors.
+    norm_weight_decay decays gains too, as OLMo 2 does: a plain gain toward 0, a (1 + w) gain toward 1."""
     embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     gains = {id(m.weight) for m in model.modules()
              if norm_weight_decay and isinstance(m, NORM_MODULES) and getattr(m, "weight", None) is not None}
@@ -39,23 +37,23 @@ def adamw_groups(model: nn.Module, weight_decay: float, norm_weight_decay: bool,
 
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float, norm_weight_decay: bool = False,
                     optimizer: str = "adamw") -> "torch.optim.AdamW | MuonWithAdamW":
-    """AdamW over every parameter, or with optimizer='muon' Muon over block_matrices() and AdamW over the rest."""
+    """AdamW over every parameter, or Muon over block_matrices() and AdamW over the rest."""
     matrices = block_matrices(model) if optimizer == "muon" else []
-    # fused: one kernel per parameter group, on CUDA and CPU alike (16 vs 48 ms per step, 26M model, 2 CPU cores)
+    # fused: one kernel per parameter group, on CUDA and CPU (16 vs 48 ms a step, 26M model, 2 CPU cores)
     adamw = torch.optim.AdamW(adamw_groups(model, weight_decay, norm_weight_decay, {id(p) for p in matrices}),
                               lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
     if optimizer == "adamw":
         return adamw
-    # "match_rms_adamw" (Moonshot, "Muon is Scalable for LLM Training") scales Muon's lr by
-    # 0.2 * sqrt(max(fan_out, fan_in)), so a step moves a matrix about as far as an AdamW step: the lr and decay
+    # "match_rms_adamw" (Moonshot, "Muon is Scalable for LLM Training") scales Muon's lr by 0.2 *
+    # sqrt(max(fan_out, fan_in)), so a step moves a matrix about as far as an AdamW step: the lr and decay
     # tuned for AdamW, and a study's lr grid, mean the same for both optimizers at every width.
     muon = torch.optim.Muon(matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
     return MuonWithAdamW(muon, adamw)
 
 
 class MuonWithAdamW:
-    """Muon and AdamW driven as the loop drives AdamW alone: param_groups lists both optimizers' groups (for the
-    schedule and the GradScaler), and zero_grad() and state_dict() cover both, so a checkpoint resumes both."""
+    """Muon and AdamW driven as the loop drives AdamW alone: param_groups lists both (for the schedule and
+    the GradScaler); zero_grad() and state_dict() cover both."""
 
     def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW):
         self.muon, self.adamw = muon, adamw
@@ -79,8 +77,8 @@ class MuonWithAdamW:
 
     def step_unless(self, skip: torch.Tensor) -> None:
         """Both steps, undone on the device where skip is true. Muon has no skip flag, and neither a zeroed
-        gradient (momentum and decay still move the weights) nor a zero lr (the momentum still changes) would do:
-        its tensors are copied before the step and selected back with torch.where, bit for bit."""
+        gradient (momentum and decay still move the weights) nor a zero lr (the momentum still changes) would
+        do: its tensors are copied before the step and selected back with torch.where, bit for bit."""
         step_unless(self.adamw, skip)
         tensors = self.muon_tensors()
         with torch.no_grad():
@@ -89,10 +87,6 @@ class MuonWithAdamW:
             self.muon.step()
             for saved, t in zip(self.saved, tensors, strict=True):
                 t.copy_(torch.where(skip, saved, t))
-
-    def step(self) -> None:
-        self.adamw.step()
-        self.muon.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.adamw.zero_grad(set_to_none)
@@ -107,7 +101,7 @@ class MuonWithAdamW:
 
 
 def lr_at(step: int, max_steps: int, lr: float, min_lr: float, warmup_steps: int) -> float:
-    """Linear warmup over warmup_steps (step 0 gets lr/warmup_steps), then cosine decay to min_lr at max_steps."""
+    """Linear warmup (step 0 gets lr/warmup_steps), then cosine decay to min_lr at max_steps."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
@@ -118,7 +112,7 @@ def step_unless(optimizer: "torch.optim.AdamW | MuonWithAdamW", skip: torch.Tens
     """optimizer.step(), a no-op on the device where skip (a 0-d bool tensor) is true: no host read."""
     if isinstance(optimizer, MuonWithAdamW):
         return optimizer.step_unless(skip)
-    # fused AdamW takes the GradScaler's found_inf flag: set, it leaves weights, moments and step count untouched
+    # fused AdamW takes the GradScaler's found_inf flag: set, it leaves weights, moments and step alone
     optimizer.found_inf = skip.float()
     optimizer.step()
     del optimizer.found_inf

@@ -1,9 +1,10 @@
-"""The figure every training run draws (layers.png: per-layer profiles, which the study's report draws too) and
-the drawing helpers study/plots.py shares."""
+"""The figure every training run draws (layers.png: per-layer profiles) and helpers study/plots.py shares."""
 
 from pathlib import Path
 
 import numpy as np
+
+from common.fs import replaced
 
 # Per-layer statistics the trainer logs (trainer/diagnostics.py): record key, panel title, y scale.
 LAYER_PANELS = (
@@ -14,12 +15,11 @@ LAYER_PANELS = (
     ("massive_activation", "max|x| / median|x| entering block", "log"),
     ("excess_kurtosis", "excess kurtosis of the stream entering block", "symlog"),
     ("attn_first_token", "attention probability on token 0", "linear"),
-    ("attn_sink_share", "attention probability on the sinks", "linear"),
 )
 
 
 def line_style(index: int) -> dict:
-    """The ten default colours, then dashed, dotted, ...: no two of a study's 17 variants alike in a legend."""
+    """The ten default colours, then dashed, dotted, ...: no two of 17 variants alike in a legend."""
     return {"color": f"C{index % 10}", "ls": ("-", "--", ":", "-.")[index // 10 % 4]}
 
 
@@ -38,18 +38,20 @@ def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
     that never logged a statistic is left out of its panel)."""
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
-    fig, axes = plt.subplots(3, 3, figsize=(14, 10.5))
+    fig, axes = plt.subplots(2, 4, figsize=(18, 8))
     for ax, (key, title, scale) in zip(axes.flat, LAYER_PANELS, strict=False):
         for index, (name, records) in enumerate(runs.items()):
-            last = next((r[key] for r in reversed(records) if r["split"] == "train" and r.get(key) is not None), None)
-            if last is not None:
+            logged = [r[key] for r in records if r["split"] == "train" and r.get(key) is not None]
+            if logged:
+                last = logged[-1]
                 ax.plot(np.arange(len(last)), last, marker="o", label=name, **line_style(index))
         ax.set(title=title, xlabel="block", yscale=scale)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    legend = axes.flat[-1]  # the ninth cell holds the legend
+    legend = axes.flat[-1]  # the eighth cell holds the legend
     legend.axis("off")
     legend.legend(*axes.flat[0].get_legend_handles_labels(), loc="center", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with replaced(path) as tmp:  # a link planted at path is replaced, never written through
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)

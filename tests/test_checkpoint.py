@@ -1,0 +1,269 @@
+"""trainer/checkpoint.py: one trainer per run folder, step-N checkpoints written whole or not at all, the
+newest that loads read back (by --resume and by eval_llm), and a --resume that would not continue the same run
+refused in one line. In-process on the tiny model, but for the kill -9 (a fresh process, slow)."""
+
+import errno
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import eval_llm
+from common.cli import UserError
+from data import DEFAULT_TOKENIZER_DIR
+from model import MiniMindForCausalLM
+from trainer import checkpoint
+from trainer.args import parse_args
+from trainer.tracking import read_metrics
+from trainer.train_pretrain import train
+
+REPO = Path(__file__).resolve().parents[1]
+# Added to the tiny model's flags: one schedule whatever --max_steps, so that resumed runs can be compared.
+SCHEDULE = ["--eval_steps", "1", "--log_interval", "1", "--eval_interval", "2", "--save_interval", "2",
+            "--warmup_steps", "1", "--learning_rate", "3e-3", "--lr_decay_steps", "40"]
+
+
+@pytest.fixture
+def run(tiny_flags, tiny_flags_drawing_layers):
+    """run(out_dir, *flags, draw=False): one in-process training run of the tiny model on the tiny corpus."""
+    def go(out_dir, *flags, draw=False):  # draw: layers.png too, which the tiny flags skip
+        return train(parse_args([*(tiny_flags_drawing_layers if draw else tiny_flags), *SCHEDULE,
+                                 "--out_dir", str(out_dir), *map(str, flags)]))
+    return go
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory, tiny_flags) -> Path:
+    """A finished 4-step run with checkpoints at steps 2 and 4; tests work on copies of it."""
+    out = tmp_path_factory.mktemp("base") / "run"
+    train(parse_args([*tiny_flags, *SCHEDULE, "--out_dir", str(out), "--max_steps", "4"]))
+    return out
+
+
+@pytest.fixture
+def run_copy(base_run, tmp_path) -> Path:
+    return Path(shutil.copytree(base_run, tmp_path / "run"))
+
+
+def snapshot(directory: Path) -> dict:
+    """Every file below directory with its bytes."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
+def train_losses(out_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(out_dir / "metrics.jsonl") if r["split"] == "train"}
+
+
+def steps(out_dir: Path) -> list[str]:
+    return sorted(p.name for p in out_dir.iterdir() if "step-" in p.name)
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_a_fresh_run_into_a_used_folder_refuses_and_overwrite_discards_only_the_runs_files(run_copy, run):
+    (run_copy / "notes.txt").write_text("the user's own")
+    before = snapshot(run_copy)
+    with pytest.raises(UserError) as refusal:
+        run(run_copy, "--max_steps", 2)
+    message = str(refusal.value)
+    assert "is not empty" in message and "--resume" in message and "--overwrite" in message
+    assert "\n" not in message
+    assert snapshot(run_copy) == before
+    run(run_copy, "--max_steps", 2, "--overwrite")  # in the same process, as the ablation runner trains
+    assert steps(run_copy) == ["step-000002"] and sorted(train_losses(run_copy)) == [1, 2]
+    assert json.loads((run_copy / "summary.json").read_text())["max_steps"] == 2
+    assert (run_copy / "notes.txt").read_text() == "the user's own"
+
+
+def test_a_second_trainer_on_a_held_folder_is_refused(tmp_path, run):
+    out = tmp_path / "run"
+    held = checkpoint.claim(out, resume=False, overwrite=False)  # another open file: another trainer's flock
+    try:
+        with pytest.raises(UserError, match="is in use by another trainer"):
+            run(out, "--max_steps", 2)
+    finally:
+        os.close(held)
+    assert [p.name for p in out.iterdir()] == [".lock"]
+    assert run(out, "--max_steps", 2)["step"] == 2  # released with its holder
+
+
+def test_resume_without_a_checkpoint_is_one_line_and_its_advice_works(tmp_path, run):
+    with pytest.raises(UserError) as refusal:
+        run(tmp_path / "run", "--max_steps", 2, "--resume")
+    assert "no checkpoint in" in str(refusal.value) and "without --resume" in str(refusal.value)
+    assert run(tmp_path / "run", "--max_steps", 2)["step"] == 2
+
+
+def test_resume_falls_back_to_the_step_before_a_damaged_one_or_refuses_when_none_loads(run_copy, base_run,
+                                                                                        run, capsys):
+    truncate(run_copy / "step-000004" / "model.safetensors")
+    capsys.readouterr()
+    run(run_copy, "--max_steps", 6, "--resume")
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and f"{run_copy / 'step-000004'} cannot be loaded" in warnings[0]
+    losses = train_losses(run_copy)  # steps 3 and 4 trained again from step 2, exactly as the first time
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert {k: losses[k] for k in range(1, 5)} == train_losses(base_run)
+    assert steps(run_copy) == ["step-000004", "step-000006"] and same_weights(run_copy / "step-000004",
+                                                                              base_run / "step-000004")
+    for folder in run_copy.glob("step-*"):
+        truncate(folder / "model.safetensors")
+    with pytest.raises(UserError, match=r": no checkpoint loads \(step-000006: .*; step-000004: ") as refusal:
+        run(run_copy, "--max_steps", 8, "--resume")
+    assert "\n" not in str(refusal.value)
+
+
+def crash_after_writing(real):
+    """A writer that writes its file or folder, then fails as a full disk does before the step is complete."""
+    def write(*args, **kwargs):
+        real(*args, **kwargs)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return write
+
+
+@pytest.mark.parametrize("writer", [(torch, "save"), (MiniMindForCausalLM, "save_pretrained")],
+                         ids=["training state", "weights"])
+def test_a_crash_while_saving_keeps_the_previous_step_and_no_half_written_one(writer, run_copy, run,
+                                                                              monkeypatch):
+    kept = snapshot(run_copy / "step-000004")
+    with monkeypatch.context() as patch:
+        patch.setattr(*writer, crash_after_writing(getattr(*writer)))
+        with pytest.raises(OSError, match="No space left"):
+            run(run_copy, "--max_steps", 6, "--resume")
+    assert steps(run_copy) == ["step-000002", "step-000004"] and snapshot(run_copy / "step-000004") == kept
+    assert not [p for p in run_copy.iterdir() if p.name.startswith(".step") or p.suffix == ".tmp"]
+    assert run(run_copy, "--max_steps", 6, "--resume")["step"] == 6  # the kept step resumes
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+def test_keep_checkpoints(keep, tmp_path, run):
+    run(tmp_path / "run", "--max_steps", 5, "--save_interval", 1, "--keep_checkpoints", keep)
+    assert steps(tmp_path / "run") == [f"step-{s:06d}" for s in range(6 - keep, 6)]
+
+
+@pytest.fixture
+def edited_corpus(tmp_path, tiny_corpus, tiny_texts) -> Path:
+    """The tiny corpus under another name with one document more: other training data."""
+    path = tmp_path / "edited.jsonl"
+    path.write_text(Path(tiny_corpus).read_text() + json.dumps({"text": tiny_texts[1].upper()}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("flags, refusal", [
+    (["--data_path", "EDITED"], "--resume: the train split is not the checkpoint's; pass the original"),
+    (["--tokenizer_path", DEFAULT_TOKENIZER_DIR], "--resume: the tokenizer is not the checkpoint's; pass"),
+    (["--batch_size", "2"], "--resume: the checkpoint was trained with --batch_size 4, not 2; pass the same"),
+    (["--seed", "1"], "--resume: the checkpoint was trained with --seed 0, not 1; pass the same value"),
+    (["--norm", "layernorm"], "--resume: the checkpoint's model has --norm rmsnorm, not layernorm; pass"),
+    (["--num_hidden_layers", "3"], "--resume: the checkpoint's model has --num_hidden_layers 2, not 3; pass"),
+], ids=["data", "tokenizer", "must-match flag", "seed", "norm", "depth"])
+def test_resume_refuses_what_would_not_continue_the_same_run(flags, refusal, run_copy, run, edited_corpus):
+    before = snapshot(run_copy)
+    with pytest.raises(UserError) as err:
+        run(run_copy, "--max_steps", 6, "--resume", *[edited_corpus if f == "EDITED" else f for f in flags])
+    assert str(err.value).startswith(refusal) and "\n" not in str(err.value)
+    assert snapshot(run_copy) == before
+
+
+def test_the_same_data_under_another_name_resumes(run_copy, run, tiny_corpus, tmp_path, monkeypatch):
+    shutil.copy(tiny_corpus, tmp_path / "copy.jsonl")  # compared by its tokens, not by its path
+    monkeypatch.chdir(tmp_path)
+    assert run(run_copy, "--max_steps", 6, "--resume", "--data_path", "copy.jsonl")["step"] == 6
+
+
+def test_resume_takes_the_architecture_flags_not_given_from_the_checkpoint(tmp_path, run):
+    """The closing line of a stopped run says 'the same command with --resume'; a shorter one, without the
+    architecture flags, must continue the same model too (only a flag given that differs is refused)."""
+    run(tmp_path / "run", "--max_steps", 2, "--norm", "layernorm", "--qk_norm", "head")
+    summary = run(tmp_path / "run", "--max_steps", 4, "--resume")
+    assert summary["step"] == 4 and summary["variant"] == "pre+qk_head-layernorm"
+
+
+class Planted:
+    """What a crafted training_state.pt holds: unpickling it calls a function, here one that writes a file."""
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return pathlib.Path.write_text, (self.marker, "the pickle ran code")
+
+
+def test_a_training_state_whose_pickle_would_run_code_is_refused_and_never_runs(tmp_path, run):
+    out, marker = tmp_path / "run", tmp_path / "marker"
+    run(out, "--max_steps", 2)
+    state = out / "step-000002" / checkpoint.STATE_FILE
+    torch.save({**torch.load(state, weights_only=True), "sampler": [Planted(marker)]}, state)
+    with pytest.raises(UserError, match=r"no checkpoint loads \(step-000002: .*"):
+        run(out, "--max_steps", 4, "--resume")
+    assert not marker.exists()
+    torch.load(state, weights_only=False)  # the check has teeth: an unrestricted load runs it
+    assert marker.read_text() == "the pickle ran code"
+
+
+def test_a_link_planted_in_a_run_folder_is_replaced_and_its_target_untouched(run_copy, run, tmp_path):
+    targets = {name: tmp_path / f"victim-{name}" for name in ("layers.png", "summary.json")}
+    for name, target in targets.items():
+        target.write_text("someone else's file")
+        (run_copy / name).unlink(missing_ok=True)
+        (run_copy / name).symlink_to(target)
+    run(run_copy, "--max_steps", 6, "--resume", draw=True)
+    for name, target in targets.items():
+        assert not (run_copy / name).is_symlink() and (run_copy / name).stat().st_size > 0, name
+        assert target.read_text() == "someone else's file", name
+    assert json.loads((run_copy / "summary.json").read_text())["step"] == 6
+
+
+def test_eval_llm_reads_a_run_folders_newest_step_that_loads(run_copy, capsys):
+    def weights_equal(lm, folder):
+        saved = load_file(folder / "model.safetensors")
+        return all(torch.equal(t, saved[k]) for k, t in lm.state_dict().items() if k in saved)
+
+    assert weights_equal(eval_llm.load(run_copy)[0], run_copy / "step-000004")
+    assert eval_llm.display_name(run_copy / "step-000004") == eval_llm.display_name(run_copy) == "run"
+    assert not weights_equal(eval_llm.load(run_copy)[0], run_copy / "step-000002")  # the steps differ
+    truncate(run_copy / "step-000004" / "model.safetensors")
+    capsys.readouterr()
+    assert weights_equal(eval_llm.load(run_copy)[0], run_copy / "step-000002")
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith(f"warning: {run_copy / 'step-000004'} cannot be loaded")
+
+
+@pytest.mark.slow  # a trainer in a fresh process, killed outright, and two runs to compare
+def test_a_kill_9_loses_no_finished_step_and_resume_ends_where_an_uninterrupted_run_ends(tmp_path, run,
+                                                                                          tiny_flags):
+    killed = tmp_path / "killed"
+    argv = [*tiny_flags, *SCHEDULE, "--eval_interval", "1000", "--out_dir", str(killed)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    process = subprocess.Popen([sys.executable, str(REPO / "trainer" / "train_pretrain.py"), *argv,
+                                "--max_steps", "100000"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (killed / "step-000006").exists():
+        assert process.poll() is None and time.time() < deadline, process.stderr.read()[-2000:]
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)  # no handler, no cleanup: mid-step, or mid-save
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    newest = checkpoint.step_folders(killed)[0]
+    end = int(newest.name.removeprefix("step-")) + 4
+    trained = train_losses(killed)
+    assert max(trained) >= end - 4  # every step it finished was logged, up to its newest checkpoint
+    run(killed, "--eval_interval", 1000, "--max_steps", end, "--resume")
+    run(tmp_path / "straight", "--eval_interval", 1000, "--max_steps", end)
+    assert train_losses(killed) == train_losses(tmp_path / "straight") and len(train_losses(killed)) == end
+    assert same_weights(killed / f"step-{end:06d}", tmp_path / "straight" / f"step-{end:06d}")

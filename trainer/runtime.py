@@ -1,0 +1,85 @@
+"""Where a run computes: the device and autocast precision, the data-parallel process group, and the stop flag
+that turns SIGTERM or Ctrl-C into a save and a clean exit."""
+
+import atexit
+import os
+import signal
+from contextlib import nullcontext
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from common.cli import UserError
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """auto = cuda when available, else cpu; a device that is not there is one line, not a crash later."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name}: not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available here; use --device cpu")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto = bf16 on a GPU that computes it natively, else fp16 (with a GradScaler); fp32 on CPU, where bf16
+    autocast without bf16 matrix units trains ~40x slower (16 vs 613 tokens/s on a 2-core AVX2 machine)."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+
+
+def autocast(device: torch.device, dtype: torch.dtype):  # mixed precision over fp32 weights
+    return nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
+
+
+def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, torch.device]:
+    """(rank, world_size, device) as torchrun's RANK, WORLD_SIZE and LOCAL_RANK say; NCCL on CUDA, gloo on
+    CPU. A rank that waits on a collective longer than timeout_min minutes (a peer died or hangs) fails."""
+    device = pick_device(device_name)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and device.type == "cuda":
+        device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
+    if device.type == "cuda" and device.index is not None:
+        # else CUDA calls without a device (RNG state, pinning) open one on GPU 0
+        torch.cuda.set_device(device)
+    if world_size == 1:
+        return 0, 1, device
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=timeout_min),
+                                device_id=device if device.type == "cuda" else None)
+        # torn down before the interpreter exits, whoever called train(): gloo can abort a process that exits
+        # with its group alive, after a run that went well
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    return dist.get_rank(), world_size, device
+
+
+class StopFlag:
+    """While it exists, SIGTERM and SIGINT (Ctrl-C) set `requested` instead of killing the process: the loop
+    saves a checkpoint and exits at the next step where every rank agrees. restore() puts the handlers
+    back."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A batch on the device; on CUDA pinned first, so that its copy is queued like a kernel."""
+    pin = device.type == "cuda"
+    return tuple((t.pin_memory() if pin else t).to(device, non_blocking=True) for t in batch)
