@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.cli import ArgumentParser, UserError, count, non_negative, positive_int, run_cli
 from study.parallel import Worker
 from study.report import report
-from study.runner import StudyInterrupted, tokenize_once, train_study
+from study.runner import StudyInterrupted, own_share, tokenize_once, train_study
 from study.variants import PLACEMENT_DEFAULTS, VARIANTS, variant_flags, variant_problem
 from trainer.args import build_parser, fill_device_defaults
 
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     worker = Worker.from_environment()
     runs_side_by_side = worker.world_size > 1 and study.parallel == "runs"
     if runs_side_by_side:  # each run the ranks train is a single-process one
-        worker.own_share(base)
+        own_share(worker, base)
         tokenize_once(base, worker)
     try:
         plan = train_study(study, base, worker)

@@ -10,13 +10,17 @@ from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from common.cli import UserError
+from common.environment import usable_cores
 from data import load_tokenizer, prepare_split
 from study import lr_tuning
 from study.parallel import Worker, meet, train_in_parallel
 from study.variants import variant_flags
 from trainer.args import BOOKKEEPING, validate
 from trainer.checkpoint import step_folders
+from trainer.runtime import pick_device
 from trainer.train_pretrain import train
 
 
@@ -223,6 +227,20 @@ def train_study(study, base, worker: Worker) -> Plan:
     while (current := plan()).pending:
         train_one(next(iter(current.pending.items())))
     return current
+
+
+def own_share(worker: Worker, base) -> None:
+    """Under torchrun with --parallel runs: each run this rank trains is a single-process run on its own GPU
+    or its share of the cores."""
+    if pick_device(base.device).type == "cuda":
+        if worker.local_world_size > torch.cuda.device_count():
+            raise UserError(f"{worker.local_world_size} ranks on this node but {torch.cuda.device_count()} "
+                            "GPUs: start torchrun with --nproc_per_node at most the number of GPUs")
+        torch.cuda.set_device(worker.local_rank)  # what --device cuda means; runs record the flag as given
+    else:
+        torch.set_num_threads(max(1, usable_cores() // worker.local_world_size))
+    # torchrun's variables hidden: else the trainer would join the ranks' runs into one DDP job
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0")
 
 
 def tokenize_once(base, worker: Worker) -> None:

@@ -22,7 +22,7 @@ from common.environment import usable_cores
 from scripts import run_ablation
 from study import lr_tuning, parallel
 from study.parallel import Worker, meet, train_in_parallel
-from study.runner import tune_plan
+from study.runner import own_share, tune_plan
 
 REPO = Path(__file__).resolve().parents[1]
 COMPARED = ("step", "diverged", "train_loss", "val_loss", "val_bpb", "num_params", "seed", "variant")
@@ -101,9 +101,9 @@ def test_a_worker_takes_its_own_share_and_hides_torchrun_from_the_trainer(monkey
     worker = Worker.from_environment()
     assert worker == Worker(rank=3, world_size=4, local_rank=1, local_world_size=2)
     threads = []
-    monkeypatch.setattr(parallel, "usable_cores", lambda: 6)
-    monkeypatch.setattr(parallel.torch, "set_num_threads", threads.append)  # this process's own threads stay
-    worker.own_share(run_ablation.parse_args(["--device", "cpu"])[1])
+    monkeypatch.setattr("study.runner.usable_cores", lambda: 6)
+    monkeypatch.setattr("study.runner.torch.set_num_threads", threads.append)  # this process keeps its own
+    own_share(worker, run_ablation.parse_args(["--device", "cpu"])[1])
     assert threads == [3]  # six cores, two ranks on this machine
     assert (os.environ["WORLD_SIZE"], os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("1", "0", "0")
 
