@@ -48,12 +48,16 @@ def synchronizations(args) -> tuple[dict, int]:
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_bf16_training_never_waits_on_the_gpu_between_log_steps(compiled, train_args, fresh_dynamo):
     """Two runs with the same log, eval and save steps (two of each), one with 3x the steps between them: had
-    a step doing none of these waited on the GPU, the longer run would wait more."""
+    a step doing none of these waited on the GPU, the longer run would wait more. Compiling waits too, less
+    once Inductor's caches hold the graphs (an H200 gave 146 waits for the first compiled run, 115 for the
+    second), so with --compile a first run fills the caches and the longer run may wait less, never more."""
     flags = ["--compile"] if compiled else []
+    if compiled:
+        synchronizations(train_args("--max_steps", 2 * LOG, *flags, out="warm"))
     short, short_syncs = synchronizations(train_args("--max_steps", 2 * LOG, *flags, out="short"))
     args = train_args("--max_steps", 6 * LOG, *flags, log=3 * LOG)
     summary, syncs = synchronizations(args)
-    assert syncs == short_syncs > 0  # log steps do wait: the count sees them
+    assert short_syncs > 0 and (syncs <= short_syncs if compiled else syncs == short_syncs)  # the count sees
     assert summary["step"] == 6 * LOG and not summary["diverged"] and math.isfinite(summary["val_loss"])
     assert summary["tokens_per_s"] > 0 and not short["diverged"]
     train = [r for r in read_metrics(args.out_dir + "/metrics.jsonl") if r["split"] == "train"]
@@ -88,8 +92,8 @@ def test_rmsnorm_on_cuda_matches_the_formula(x_dtype):
     dy = torch.randn_like(y)
     got = torch.autograd.grad(y, [x, norm.weight], dy)
     want = torch.autograd.grad(ref, [x64, w64], dy.double())
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a.double(), b, rtol=2e-2 if x_dtype == torch.bfloat16 else 1e-4, atol=1e-2)
+    for a, b in zip(got, want, strict=True):  # norm-wise: the weight's gradient sums 1,024 rounded terms
+        assert (a.double() - b).norm() <= tol * b.norm()
 
 
 def test_training_attention_takes_a_fused_kernel():
