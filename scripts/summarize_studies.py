@@ -1,7 +1,7 @@
 """One page over several fair studies (scripts/run_ablation.py --tune_lr folders) that differ in optimizer and
 token budget: per variant and optimizer, the chosen lr, the loss and the paired difference against the
-baseline with its 95% CI, p and n, at each budget; a CSV of it; a forest plot, the optimizer interaction plot
-and each study's lr sensitivity.
+baseline with its 95% CI, p and n, at each budget; a CSV of it; a forest plot, the optimizer interaction
+plot (given both optimizers) and each study's lr sensitivity.
 
     python scripts/summarize_studies.py docs/results/budget/{adamw,muon}-{400,1600} --out docs/results/budget
 
@@ -96,8 +96,10 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_atomically(args.out / "summary.csv", csv_text(rows))
     plot_forest([r for r in rows if "fresh" in r], args.out / "forest.png")
-    plot_interaction([r for r in rows if "fresh" in r], args.out / "interaction.png")
     figures = []
+    if len({r["optimizer"] for r in rows}) > 1:  # the interaction needs studies under both optimizers
+        plot_interaction([r for r in rows if "fresh" in r], args.out / "interaction.png")
+        figures.append("![AdamW against Muon](interaction.png)")
     for folder in args.folders:
         tuning = json.loads((folder / "tuning.json").read_text())
         if any("lr_from" in t for t in tuning):
@@ -109,8 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     text = ["# Summary of the studies", "", describe(environment()), "",
             f"Studies: {', '.join(f'`{f}`' for f in args.folders)}. Runs at the chosen lrs: "
             f"{sum(len(r['runs']) for r in rows)}, {dirty} of them from a modified tree.", "",
-            summary_table(rows, args.baseline), "", "![forest plot](forest.png)", "",
-            "![AdamW against Muon](interaction.png)", "", *figures, ""]
+            summary_table(rows, args.baseline), "", "![forest plot](forest.png)", "", *figures, ""]
     write_atomically(args.out / "summary.md", "\n".join(text))
     print(summary_table(rows, args.baseline) + f"\nwrote {args.out / 'summary.md'}, summary.csv and figures")
 

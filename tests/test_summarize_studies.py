@@ -58,3 +58,5 @@ def test_the_table_csv_and_figures_give_each_difference_on_the_fresh_seeds(tmp_p
     drawn = sorted(p.name for p in out.glob("lr_sensitivity-*.png"))
     assert drawn == ["lr_sensitivity-adamw-400.png", "lr_sensitivity-muon-400.png"]  # not the borrowed one
     assert "wrote" in capsys.readouterr().out
+    summarize_studies.main([folders[0], folders[2], "--out", str(tmp_path / "adamw")])  # one optimizer: no
+    assert not (tmp_path / "adamw" / "interaction.png").exists()  # interaction to draw
