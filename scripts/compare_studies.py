@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.cli import ArgumentParser, run_cli
 from study import lr_tuning
-from study.report import chosen_runs, markdown_table, mean_std, paired_cells
+from study.report import chosen_runs, markdown_table, mean_std, paired_cells, trained_losses
 
 
 def compare(a: Path, b: Path, labels: tuple[str, str], baseline: str) -> str:
@@ -27,7 +27,7 @@ def compare(a: Path, b: Path, labels: tuple[str, str], baseline: str) -> str:
     for variant in variants:
         cells, deltas = [], []  # deltas: per study, (its differences by seed, the Stats its verdict rests on)
         for t, runs in (study[variant] for study in studies):
-            ok = [r["val_loss"] for r in runs if not r["diverged"] and not r.get("plateaued")]
+            ok = trained_losses(runs)
             loss = mean_std(ok) if ok else "plateau" if runs or t["chosen_lr"] is None else "—"
             cells.append(f"{t['chosen_lr']:g}, {loss}" if t["chosen_lr"] else loss)
         cells += paired_cells(*lr_tuning.paired_runs(*(study[variant][1] for study in studies)),

@@ -22,7 +22,7 @@ from common.environment import describe, environment
 from common.fs import write_atomically
 from study import lr_tuning
 from study.plots import plot_forest, plot_interaction, plot_lr_sensitivity
-from study.report import chosen_runs, markdown_table, mean_std, stats_cell
+from study.report import chosen_runs, markdown_table, mean_std, stats_cell, trained_losses
 
 FIELDS = ["variant", "optimizer", "steps", "chosen_lr", "loss_mean", "loss_sd", "n", "delta", "ci_low",
           "ci_high", "p", "n_pairs", "fresh_delta", "fresh_ci_low", "fresh_ci_high", "fresh_p", "fresh_n",
@@ -36,7 +36,7 @@ def study_rows(folder: Path, baseline: str) -> list[dict]:
     optimizer, steps = first["args"]["optimizer"], first["args"]["max_steps"]
     rows = []
     for variant, (t, mine) in chosen.items():
-        ok = [r["val_loss"] for r in mine if not r["diverged"] and not r.get("plateaued")]
+        ok = trained_losses(mine)
         row = {"variant": variant, "optimizer": optimizer, "steps": steps, "chosen_lr": t["chosen_lr"],
                "loss_mean": sum(ok) / len(ok) if ok else None, "loss_sd": mean_std(ok), "n": len(ok),
                "record": t, "runs": mine}

@@ -24,6 +24,11 @@ def mean_std(values: list[float]) -> str:
     return f"{values[0]:.3f}" if values else "—"
 
 
+def trained_losses(runs: list[dict]) -> list[float]:
+    """The final losses of the runs that neither diverged nor plateaued: what the summary pages average."""
+    return [r["val_loss"] for r in runs if not r["diverged"] and not r.get("plateaued")]
+
+
 def speed(runs: list[dict]) -> tuple[str, str]:
     """Mean tokens/s and s/step of the runs that timed a step (a one-step run has only its warm-up step)."""
     timed = [r for r in runs if r["tokens_per_s"] is not None]
