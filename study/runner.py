@@ -3,9 +3,11 @@
 after another or side by side under torchrun."""
 
 import functools
+import io
 import json
 import math
 import os
+import sys
 from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,6 +243,31 @@ def own_share(worker: Worker, base) -> None:
         torch.set_num_threads(max(1, usable_cores() // worker.local_world_size))
     # torchrun's variables hidden: else the trainer would join the ranks' runs into one DDP job
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0")
+    sys.stdout = RankLines(worker.rank, sys.stdout)
+    sys.stderr = RankLines(worker.rank, sys.stderr)
+
+
+class RankLines(io.TextIOBase):
+    """A rank's output, as whole lines with the rank in front, each in one write: the ranks share a terminal
+    or a log, where a line written in pieces runs into another rank's. A progress bar redraws its line with
+    '\\r'; only its last state is written, when the bar ends its line."""
+
+    def __init__(self, rank: int, stream):
+        self.prefix = f"[rank {rank}] "
+        self.stream = stream
+        self.line = ""
+
+    @property
+    def encoding(self) -> str:  # tqdm draws its bar in Unicode when the stream's encoding allows it
+        return self.stream.encoding
+
+    def write(self, text: str) -> int:
+        *lines, self.line = (self.line + text).split("\n")
+        for line in lines:
+            self.stream.write(self.prefix + line.rpartition("\r")[2] + "\n")
+            self.stream.flush()
+        self.line = self.line.rpartition("\r")[2]
+        return len(text)
 
 
 def tokenize_once(base, worker: Worker) -> None:

@@ -2,6 +2,7 @@
 exactly as the study without torchrun trains it, none twice, none lost when a rank is killed."""
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from scripts import run_ablation
 from study import lr_tuning, parallel
 from study.parallel import Worker, meet, train_in_parallel
 from study.runner import own_share, tune_plan
+from trainer.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 COMPARED = ("step", "diverged", "train_loss", "val_loss", "val_bpb", "num_params", "seed", "variant")
@@ -103,9 +105,16 @@ def test_a_worker_takes_its_own_share_and_hides_torchrun_from_the_trainer(monkey
     threads = []
     monkeypatch.setattr("study.runner.usable_cores", lambda: 6)
     monkeypatch.setattr("study.runner.torch.set_num_threads", threads.append)  # this process keeps its own
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)  # (restored after the test: own_share replaces both)
+    monkeypatch.setattr(sys, "stderr", err)
     own_share(worker, run_ablation.parse_args(["--device", "cpu"])[1])
     assert threads == [3]  # six cores, two ranks on this machine
     assert (os.environ["WORLD_SIZE"], os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("1", "0", "0")
+    print("=== a run", end="")
+    print(", named", flush=True)
+    sys.stderr.write("train: 10%\rtrain: 50%\rtrain: 100%\n")  # a progress bar: its last state, once
+    assert out.getvalue() == "[rank 3] === a run, named\n" and err.getvalue() == "[rank 3] train: 100%\n"
 
 
 def test_tuning_sends_every_grid_run_out_before_any_other_seed(monkeypatch):
@@ -138,9 +147,22 @@ def finish(process: subprocess.Popen, log: Path) -> str:
     return log.read_text()
 
 
-def trained(log: str) -> list[str]:
-    """The runs a runner's output says it trained (a resumed run counts again)."""
-    return [line[4:] for line in log.splitlines() if line.startswith("=== ")]
+def records(study: Path) -> dict[str, str]:
+    """Each run's summary and metrics as written: a run trained again changes them."""
+    return {f"{p.parent.name}/{p.name}": p.read_text() for p in sorted(study.glob("runs/*/*.json*"))}
+
+
+def trained_once(study: Path) -> bool:
+    """Every run's training steps logged once, in order: no run was trained twice, by one rank or two."""
+    logs = [read_metrics(p) for p in study.glob("runs/*/metrics.jsonl")]
+    steps = [[r["step"] for r in log if r["split"] == "train"] for log in logs]
+    return all(s == sorted(set(s)) for s in steps)
+
+
+def whole_lines(log: str) -> bool:
+    """Every line a rank wrote is whole: one rank's text never runs into another's on one line."""
+    return all(line.startswith("[rank ") and line.count("[rank ") == 1 for line in log.splitlines()
+               if "[rank " in line)
 
 
 @pytest.fixture
@@ -200,19 +222,17 @@ def test_a_study_under_torchrun_trains_each_run_once_as_without_and_survives_a_k
         time.sleep(0.02)
     else:
         pytest.fail("no run finished while another was under way")
-    before = {name: (folder / name / "summary.json").read_text() for name in finished}
     os.kill(max(children(first.pid)), signal.SIGKILL)
+    before = {name: text for name, text in records(tmp_path / "ranks").items()
+              if name.split("/")[0] in finished}
     first_log = finish(first, tmp_path / "first.log")
     assert first.returncode != 0
     again = torchrun(flags("ranks", *study), env, tmp_path / "again.log")
     again_log = finish(again, tmp_path / "again.log")
     assert again.returncode == 0, again_log[-3000:]
+    assert whole_lines(first_log) and whole_lines(again_log)
     # the finished runs are not trained again
-    assert {name: (folder / name / "summary.json").read_text() for name in finished} == before
-    assert not set(trained(again_log)) & finished
-    assert set(trained(first_log)) | set(trained(again_log)) == {p.name for p in folder.iterdir()}
-    for log in (first_log, again_log):  # no two ranks took the same run
-        assert len(trained(log)) == len(set(trained(log)))
+    assert {name: records(tmp_path / "ranks")[name] for name in before} == before
     # the report, by rank 0 alone
     assert again_log.count("wrote ") == 1 and (tmp_path / "ranks" / "results.md").is_file()
     alone("alone", *study)
@@ -230,14 +250,15 @@ def test_a_tuned_study_under_torchrun_makes_the_same_choices_and_a_rerun_trains_
     ranks = torchrun(flags("ranks", *study), env, tmp_path / "ranks.log")
     log = finish(ranks, tmp_path / "ranks.log")
     assert ranks.returncode == 0, log[-3000:]
-    assert sorted(trained(log)) == sorted(p.name for p in (tmp_path / "ranks" / "runs").iterdir())  # once
+    assert whole_lines(log) and trained_once(tmp_path / "ranks")
     alone("alone", *study)
     assert json.loads((tmp_path / "ranks" / "tuning.json").read_text()) == json.loads(
         (tmp_path / "alone" / "tuning.json").read_text())
     assert summaries(tmp_path / "ranks") == summaries(tmp_path / "alone")
+    before = records(tmp_path / "ranks")
     again = torchrun(flags("ranks", *study), env, tmp_path / "again.log")  # the same command: no training
     again_log = finish(again, tmp_path / "again.log")
-    assert again.returncode == 0 and trained(again_log) == [], again_log[-3000:]
+    assert again.returncode == 0 and records(tmp_path / "ranks") == before, again_log[-3000:]
 
     def no_training(args):
         raise AssertionError(f"trained {args.out_dir} again")
