@@ -107,52 +107,9 @@ def paired_stats(differences: dict[int, float]) -> Stats:
     return Stats(n, mean, sd, mean - half, mean + half, p)
 
 
-# A study tests each of its ~10 variants against the baseline, so one folder's verdict asks for p < 0.01
-# (about one false call in ten studies); the same difference in two independent folders, p < 0.05 in each.
-WITHIN_ALPHA, ACROSS_ALPHA = 0.01, 0.05
-
-
-def resolved(*stats: Stats) -> bool:
-    """One study's difference: p < WITHIN_ALPHA. The same difference in several independent studies: p <
-    ACROSS_ALPHA in every one, all with the same sign."""
-    alpha = WITHIN_ALPHA if len(stats) == 1 else ACROSS_ALPHA
-    return (all(s.p is not None and s.p < alpha for s in stats)
-            and len({math.copysign(1.0, s.mean) for s in stats}) == 1)
-
-
-def fresh(differences: dict[int, float], *records: dict) -> dict[int, float]:
-    """The differences on seeds that chose neither side's lr (the tuning.json records' tune_seeds; folders
-    written before those were recorded tuned on seed 0 alone): on a tune seed the lr won partly by that seed's
-    luck, which would carry into the difference (a winner's curse)."""
-    tuned = {seed for t in records for seed in t.get("tune_seeds", [0])}
-    return {seed: d for seed, d in differences.items() if seed not in tuned}
-
-
-def paired_difference(losses: dict[int, float | None], baseline: dict[int, float | None]) -> dict[int, float]:
-    """Differences on the seeds both sides finished with a finite loss (same seed = same init and data
-    order)."""
-    seeds = sorted(s for s in losses.keys() & baseline.keys()
-                   if all(v is not None and math.isfinite(v) for v in (losses[s], baseline[s])))
-    return {s: losses[s] - baseline[s] for s in seeds}
-
-
 def cpu_type(run: dict) -> tuple:
     """A run's CPU model and its vector and matrix extensions (AVX2, AVX-512, AMX; common/environment.py):
     other kernels round float32 differently. The model name alone is not enough: virtual machines often report
     a generic one over different hardware. Runs that recorded neither are one type, (None, None)."""
     env = run.get("environment", {})
     return env.get("cpu"), tuple(env.get("cpu_isa") or ())
-
-
-def paired_runs(runs: list[dict], other: list[dict]) -> tuple[dict[int, float], int]:
-    """runs − other seed by seed, a diverged or plateaued run counting as no loss, paired only where both ran
-    on one CPU type; with how many seeds that rule left out."""
-    by_seed = {r["seed"]: r for r in other}
-    pairs = [(r, by_seed[r["seed"]]) for r in runs if r["seed"] in by_seed]
-    kept = [(r, o) for r, o in pairs if cpu_type(r) == cpu_type(o)]
-
-    def losses(side: list[dict]) -> dict[int, float | None]:
-        return {r["seed"]: None if r["diverged"] or r.get("plateaued") else r["val_loss"] for r in side}
-
-    differences = paired_difference(losses([r for r, _ in kept]), losses([o for _, o in kept]))
-    return differences, len(pairs) - len(kept)

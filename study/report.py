@@ -11,7 +11,7 @@ import numpy as np
 from common.cli import UserError
 from common.environment import describe, environment
 from common.fs import write_atomically
-from study import lr_tuning
+from study import claims, lr_tuning
 from study.plots import plot_depth, plot_grid, plot_loss_curves, plot_lr_sensitivity
 from trainer import evaluation
 from trainer.plots import plot_layer_profiles
@@ -25,7 +25,7 @@ def mean_std(values: list[float]) -> str:
 
 
 def trained_losses(runs: list[dict]) -> list[float]:
-    """The final losses of the runs that neither diverged nor plateaued: what the summary pages average."""
+    """The final losses of the runs that neither diverged nor plateaued: what the tables average."""
     return [r["val_loss"] for r in runs if not r["diverged"] and not r.get("plateaued")]
 
 
@@ -49,55 +49,39 @@ def outcomes(runs: list[dict]) -> list[str]:
 
 
 def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
-    head = ["variant", "layers", *(["lr", "warmup"] if grid else []), "val loss", "val bpb", "tokens/s",
+    head = ["variant", "layers", *(["lr", "warmup"] if grid else []), "val loss: mean ± SD", "val bpb",
+            "tokens/s",
             "s/step",
             "norm params", "diverged", "plateaued"]
     rows = []
     for (variant, depth, lr, warmup), runs in groups.items():
-        ok = [r for r in runs if not r["diverged"] and r["val_loss"] is not None]
+        ok = [r for r in runs if not r["diverged"] and not r.get("plateaued")]
         rows.append([variant, str(depth), *([f"{lr:g}", str(warmup)] if grid else []),
                      mean_std([r["val_loss"] for r in ok]), mean_std([r["val_bpb"] for r in ok]), *speed(ok),
                      f"{runs[0]['norm_params']:,}", *outcomes(runs)])
     return markdown_table(head, rows)
 
 
-def stats_cell(s: lr_tuning.Stats) -> str:
-    """A paired difference as 'mean [95% CI], p, n'; no CI or p below 2 seeds, '—' with none."""
-    ci, p = ("[—]", "—") if s.p is None else (f"[{s.ci_low:+.3f}, {s.ci_high:+.3f}]", f"{s.p:.2g}")
-    return "—" if s.mean is None else f"{s.mean:+.3f} {ci}, p {p}, n {s.n}"
-
-
-def paired_cells(differences: dict[int, float], left_out: int,
-                 *records: dict) -> tuple[list[str], lr_tuning.Stats, lr_tuning.Stats]:
-    """A paired difference (lr_tuning.paired_runs) as cells: over all seeds, with how they paired; over the
-    fresh seeds; resolved or not, on the fresh seeds where 2 or more are, else on all (tune seeds in). With
-    the Stats over all seeds and those the verdict rests on."""
-    whole = lr_tuning.paired_stats(differences)
-    new = lr_tuning.paired_stats(lr_tuning.fresh(differences, *records))
-    notes = f"{left_out} across CPU types left out" if left_out else ""
-    s = new if new.n >= 2 else whole
-    mark = "✓" if lr_tuning.resolved(s) else "no"
-    verdict = "—" if s.p is None else mark + " (tune seeds in)" * (s is whole)
-    return [stats_cell(whole) + (f" ({notes})" if notes else ""), stats_cell(new), verdict], whole, s
-
-
 def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: str) -> str:
-    """--tune_lr: each (variant, depth) at its chosen lr, with its usable range and the paired difference."""
+    """--tune_lr: each (variant, depth) at its chosen lr, with its usable range and its difference against the
+    baseline on the fresh seeds, by the claims' rule (study/claims.py)."""
     head = ["variant", "layers", "chosen lr", f"usable lrs (≤ {lr_tuning.USABLE_MARGIN} nats from best)",
-            "val loss (n)", f"Δ vs {baseline}: mean [95% CI], p, n", "fresh seeds", "resolved",
-            "diverged", "plateaued"]
+            "val loss, fresh seeds: mean ± SD (n)", f"Δ val loss vs {baseline}: mean [95% CI], p",
+            "fresh seeds (failed)", "Δ train loss", "verdict", "diverged", "plateaued"]
     runs_at = {(variant, depth): runs for (variant, depth, _, _), runs in groups.items()}
     records = {(t["variant"], t["depth"]): t for t in tuning}
     rows = []
     for t in tuning:
         runs = runs_at.get((t["variant"], t["depth"]), [])
-        ok = [r["val_loss"] for r in runs if not r["diverged"] and r["val_loss"] is not None]
+        ok = trained_losses([r for r in runs if r["seed"] not in t.get("tune_seeds", [0])])
         usable = t["usable_range"]
         span = f"{min(usable):g}–{max(usable):g}" if len(usable) > 1 else f"{usable[0]:g}" if usable else "—"
-        base_runs = runs_at.get((baseline, t["depth"]))
-        base = records.get((baseline, t["depth"]), t)
-        paired = (paired_cells(*lr_tuning.paired_runs(runs, base_runs), t, base)[0]
-                  if runs and base_runs and t["variant"] != baseline else ["—"] * 3)
+        base = claims.Side(records.get((baseline, t["depth"])), runs_at.get((baseline, t["depth"]), []))
+        paired = ["—"] * 4
+        if runs and base.runs and t["variant"] != baseline:
+            d = claims.difference(claims.Side(t, runs), base)
+            paired = [claims.cell(d["val"]), f"{d['seeds']} ({d['failed']})", claims.cell(d["train"]),
+                      d["verdict"]]
         edge = " (edge)" if t["at_edge"] else ""
         chosen = "none usable" if t["chosen_lr"] is None else f"{t['chosen_lr']:g}{edge}"
         tried = f"{span} ({len(usable)} of {len(t['learning_rates'])})"
@@ -144,8 +128,8 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
     plot_layer_profiles({label(*k): m[0] for k, m in metrics.items()
                          if any(r["split"] == "train" for r in m[0])}, out / "layers.png")
     text = ["# Normalization ablation", "", describe(environment()) + " Each run's is in results.json.", "",
-            f"Seeds: {study.seeds}. Values are mean ± std over seeds of the final validation loss; a "
-            "diverged run (non-finite, or finite and blown up: docs/training.md) is counted, not averaged. A "
+            f"Seeds: {study.seeds}. Values are mean ± SD over seeds of the final validation loss; a "
+            "diverged or plateaued run (docs/training.md) is counted in its column, not averaged. A "
             f"run plateaued when its final validation loss is within {evaluation.PLATEAU_MARGIN} nats of a "
             f"unigram model's ({unigram:.3f}) or no lower than its first.", ""]
     fair = ""
@@ -164,11 +148,9 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
                      f"{study.tune_seeds}, where none of them diverged or plateaued; then every seed of "
                      f"{study.seeds} trains at it.")
         text += ["## Each variant at its own best learning rate", "",
-                 f"{chose} Δ is the loss minus {study.baseline}'s on the same seed and CPU type, with its "
-                 "95% t confidence interval and paired t-test p; 'fresh seeds' leave out the tune seeds, "
-                 "whose luck helped choose the lr. Resolved (✓): p < "
-                 f"{lr_tuning.WITHIN_ALPHA} on the fresh seeds, or on all where under 2 are fresh ('tune "
-                 f"seeds in'); across two study folders, p < {lr_tuning.ACROSS_ALPHA} in both, one sign.", "",
+                 f"{chose} Δ is the loss minus {study.baseline}'s on the same seed and CPU type, on "
+                 "the fresh seeds only (the tune seeds' luck helped choose the lr); the train loss is the "
+                 f"mean over the last 10% of steps. {claims.RULE}", "",
                  study_cost(out), "", fair, "",
                  "" if study.lr_from else "![lr sensitivity](lr_sensitivity.png)", ""]
     table = results_table(groups, grid or tuning is not None)

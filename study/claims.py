@@ -1,0 +1,133 @@
+"""Every claim the README and docs/results/ make, computed from the committed runs by one rule.
+
+The claims are data (study/claims.json): for each, the variant, the baseline it is compared with, the study
+folders that test it, and the sign its authors expect. A verdict is taken in one folder at a time, on the
+fresh seeds (those that took no part in choosing either side's lr), by RULE below; nothing else states one.
+"""
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from study import lr_tuning
+from trainer.tracking import read_metrics
+
+CLAIMS = Path(__file__).with_name("claims.json")
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+ALPHA, MIN_SEEDS, CLOSE = 0.01, 5, 0.02
+RULE = (f"*behind* / *ahead*: the paired t-test over the fresh seeds of one study folder gives p < {ALPHA} "
+        f"with n ≥ {MIN_SEEDS}; *closes*: the 95% CI of the mean paired difference lies within "
+        f"±{CLOSE} nats of 0; *open* otherwise; *not testable here*: the variant trained at no lr tried. "
+        "A seed where either side diverged or plateaued is a failure: it is counted (k of n failed), and a "
+        "variant that failed on a seed is never called ahead or closing. Tune seeds are never in a mean.")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One variant in one folder: its tuning.json record (None in a folder without one) and its runs there."""
+    record: dict | None
+    runs: list[dict]
+
+
+def train_loss(run: dict) -> float | None:
+    """The mean logged training loss over the last 10% of the run's steps (one batch's loss is too noisy)."""
+    records = read_metrics(Path(run["out_dir"]) / "metrics.jsonl")
+    last = [r["loss"] for r in records if r["split"] == "train" and r["step"] > 0.9 * run["max_steps"]]
+    return statistics.mean(last) if last else None
+
+
+def failed(run: dict) -> bool:
+    return bool(run["diverged"] or run.get("plateaued"))
+
+
+def side(folder: Path, variant: str, depth: int) -> Side:
+    """The runs of a variant at the lr its folder chose (every run of it where the folder chose none, or
+    has no tuning.json)."""
+    tuning = folder / "tuning.json"
+    records = json.loads(tuning.read_text()) if tuning.is_file() else []
+    record = next((t for t in records if t["variant"] == variant and t["depth"] == depth), None)
+    runs = []
+    for path in sorted(folder.glob("runs/*/summary.json")):
+        run = json.loads(path.read_text()) | {"out_dir": str(path.parent)}
+        chosen = record is None or record["chosen_lr"] in (None, run["args"]["learning_rate"])
+        if run["variant"] == variant and run["args"]["num_hidden_layers"] == depth and chosen:
+            runs.append(run)
+    return Side(record, runs)
+
+
+def pairs(variant: Side, baseline: Side) -> list[tuple[dict, dict]]:
+    """(variant run, baseline run) on each fresh seed both trained, on one CPU type (same seed: same init and
+    batches; other CPUs' kernels round differently)."""
+    tuned = {seed for s in (variant, baseline) if s.record for seed in s.record.get("tune_seeds", [0])}
+    by_seed = {r["seed"]: r for r in baseline.runs}
+    return [(r, by_seed[r["seed"]]) for r in sorted(variant.runs, key=lambda r: r["seed"])
+            if r["seed"] in by_seed and r["seed"] not in tuned
+            and lr_tuning.cpu_type(r) == lr_tuning.cpu_type(by_seed[r["seed"]])]
+
+
+def verdict(stats: lr_tuning.Stats, variant_failed: int, baseline_failed: int, trains: bool) -> str:
+    """RULE, applied to the paired val-loss differences (variant − baseline) of one folder."""
+    if not trains:
+        return "not testable here"
+    if stats.p is not None and stats.p < ALPHA and stats.n >= MIN_SEEDS:
+        if stats.mean > 0 and not baseline_failed:
+            return "behind"
+        if stats.mean < 0 and not variant_failed:
+            return "ahead"
+    if stats.ci_low is not None and stats.ci_low >= -CLOSE and stats.ci_high <= CLOSE and not variant_failed:
+        return "closes"
+    return "open"
+
+
+def regime(runs: list[dict]) -> dict:
+    """What a folder's numbers are about: optimizer, steps, tokens per parameter, passes over the data,
+    width, head size, depth, corpus and the CPU types the runs trained on."""
+    run, args = runs[0], runs[0]["args"]
+    tokens = args["max_steps"] * args["batch_size"] * args["max_seq_len"] * args["accumulation_steps"]
+    return {"optimizer": args["optimizer"], "steps": args["max_steps"],
+            "tokens_per_param": tokens / run["num_params"],
+            "passes": tokens / run["data"]["train"]["num_tokens"] if "data" in run else None,
+            "width": run["hidden_size"], "head_dim": run["hidden_size"] // args["num_attention_heads"],
+            "layers": args["num_hidden_layers"], "corpus": Path(args["data_path"] or "Shakespeare").stem,
+            "cpus": ", ".join(sorted({f"{cpu} ({' '.join(isa)})" if cpu else "not recorded"
+                                      for cpu, isa in map(lr_tuning.cpu_type, runs)}))}
+
+
+def difference(variant: Side, baseline: Side) -> dict:
+    """variant − baseline on the fresh seeds of one folder: the paired val- and train-loss differences of the
+    seeds both trained, how many seeds paired and how many of them failed, and the verdict."""
+    fresh = pairs(variant, baseline)
+    trained = [(v, b) for v, b in fresh if not failed(v) and not failed(b)]
+    val = lr_tuning.paired_stats({v["seed"]: v["val_loss"] - b["val_loss"] for v, b in trained})
+    train = lr_tuning.paired_stats({v["seed"]: train_loss(v) - train_loss(b) for v, b in trained})
+    trains = variant.record["chosen_lr"] is not None if variant.record else not all(map(failed, variant.runs))
+    outcome = verdict(val, sum(failed(v) for v, _ in fresh), sum(failed(b) for _, b in fresh), trains)
+    return {"val": val, "train": train, "seeds": len(fresh), "verdict": outcome,
+            "failed": sum(failed(v) or failed(b) for v, b in fresh)}
+
+
+def compute(claim: dict, folder: str, results: Path = RESULTS) -> dict | None:
+    """One claim in one folder, with the folder's regime; None where the folder holds no runs of the claim's
+    variant and baseline yet."""
+    depth = claim.get("depth", 8)
+    variant = side(results / folder, claim["variant"], depth)
+    baseline = side(results / folder, claim["baseline"], depth)
+    if not variant.runs or not baseline.runs:
+        return None
+    return {**claim, "folder": folder, **difference(variant, baseline), **regime(variant.runs)}
+
+
+def compute_all(results: Path = RESULTS) -> list[dict]:
+    """Every claim of claims.json in every folder it names that has runs."""
+    rows = [compute(claim, folder, results) for claim in json.loads(CLAIMS.read_text())
+            for folder in claim["folders"]]
+    return [row for row in rows if row is not None]
+
+
+def cell(s: lr_tuning.Stats) -> str:
+    """A paired difference as 'mean [95% CI], p' ('—' with no pair; no CI or p with one)."""
+    if s.mean is None or not math.isfinite(s.mean):
+        return "—"
+    return f"{s.mean:+.3f}" + ("" if s.p is None else f" [{s.ci_low:+.3f}, {s.ci_high:+.3f}], p {s.p:.2g}")
