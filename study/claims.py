@@ -42,18 +42,20 @@ def failed(run: dict) -> bool:
     return bool(run["diverged"] or run.get("plateaued"))
 
 
-def side(folder: Path, variant: str, depth: int) -> Side:
+def side(folder: Path, variant: str) -> Side:
     """The runs of a variant at the lr its folder chose (every run of it where the folder chose none, or
-    has no tuning.json)."""
+    has no tuning.json). A claim's folder holds one depth."""
     tuning = folder / "tuning.json"
     records = json.loads(tuning.read_text()) if tuning.is_file() else []
-    record = next((t for t in records if t["variant"] == variant and t["depth"] == depth), None)
+    record = next((t for t in records if t["variant"] == variant), None)
     runs = []
     for path in sorted(folder.glob("runs/*/summary.json")):
         run = json.loads(path.read_text()) | {"out_dir": str(path.parent)}
         chosen = record is None or record["chosen_lr"] in (None, run["args"]["learning_rate"])
-        if run["variant"] == variant and run["args"]["num_hidden_layers"] == depth and chosen:
+        if run["variant"] == variant and chosen:
             runs.append(run)
+    if len({r["args"]["num_hidden_layers"] for r in runs}) > 1:
+        raise ValueError(f"{folder}: {variant} trained at several depths; a claim's folder holds one")
     return Side(record, runs)
 
 
@@ -111,12 +113,12 @@ def difference(variant: Side, baseline: Side) -> dict:
 def compute(claim: dict, folder: str, results: Path = RESULTS) -> dict | None:
     """One claim in one folder, with the folder's regime; None where the folder holds no runs of the claim's
     variant and baseline yet."""
-    depth = claim.get("depth", 8)
-    variant = side(results / folder, claim["variant"], depth)
-    baseline = side(results / folder, claim["baseline"], depth)
+    variant = side(results / folder, claim["variant"])
+    baseline = side(results / folder, claim["baseline"])
     if not variant.runs or not baseline.runs:
         return None
-    return {**claim, "folder": folder, **difference(variant, baseline), **regime(variant.runs)}
+    both = variant.runs + baseline.runs
+    return {**claim, "folder": folder, **difference(variant, baseline), **regime(both)}
 
 
 def compute_all(results: Path = RESULTS) -> list[dict]:
