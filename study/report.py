@@ -153,7 +153,13 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
                  f"mean over the last 10% of steps. {claims.RULE}", "",
                  study_cost(out), "", fair, "",
                  "" if study.lr_from else "![lr sensitivity](lr_sensitivity.png)", ""]
-    table = results_table(groups, grid or tuning is not None)
+    shown = groups
+    if tuning is not None:  # a tuned study's means are over its fresh seeds: the tune seeds chose the lr
+        tuned = {(t["variant"], t["depth"]): t.get("tune_seeds", [0]) for t in tuning}
+        fresh = {key: [r for r in runs if r["seed"] not in tuned.get(key[:2], [])]
+                 for key, runs in groups.items()}
+        shown = {key: runs for key, runs in fresh.items() if runs}
+    table = results_table(shown, grid or tuning is not None)
     text += [table, ""]
     if len(study.depths) > 1:
         lines: dict[str, list[tuple[int, list[dict]]]] = {}
