@@ -16,10 +16,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
-from transformers import AutoTokenizer
 
 from common.cli import ArgumentParser, UserError, run_cli
 from common.fs import replaced
+from data import load_tokenizer
 from extras.interop.export import export_model
 
 TOLERANCE = 1e-4
@@ -46,7 +46,7 @@ def convert(src: Path, dst: Path) -> str:
     with replaced(dst) as tmp:
         target.save_pretrained(tmp)
         if (src / "tokenizer.json").is_file():
-            save_portable_tokenizer(AutoTokenizer.from_pretrained(src), tmp)
+            save_portable_tokenizer(load_tokenizer(src), tmp)
         # The self-check reads what was written, with transformers' own class and none of this repo's code.
         reloaded = type(target).from_pretrained(tmp, dtype=torch.float32).eval()
         ids = torch.randint(0, source.config.vocab_size, (3, 24), generator=torch.Generator().manual_seed(0))

@@ -3,23 +3,27 @@ and measures; the Gemma 2 export carries the soft-cap; the tokenizer is written 
 damaged checkpoint is refused in one line by both converters, and a run folder exports its newest step that
 loads."""
 
+import io
 import json
 import re
+import shutil
+import sys
 
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, Gemma2ForCausalLM
 
 import eval_llm
-from common.cli import UserError
+from common.cli import UserError, run_cli
 from data import load_tokenizer
-from extras.interop import convert_to_gguf, convert_to_hf
+from extras.interop import compare_llama_cpp, convert_from_minimind, convert_to_gguf, convert_to_hf
 from extras.interop.hf_export import FAMILIES
 from tests.tiny import ids, tiny_model
 from trainer.args import parse_args
-from trainer.checkpoint import save_checkpoint
+from trainer.checkpoint import save_checkpoint, step_folders
 from trainer.train_pretrain import train
 
 
@@ -86,3 +90,32 @@ def test_converters_refuse_a_damaged_step_and_export_a_runs_newest_intact_one(co
         exported = AutoModelForCausalLM.from_pretrained(dst).state_dict()
         step_2 = tiny_model(2, perturb=False, vocab_size=exported["model.embed_tokens.weight"].shape[0])
         assert all(torch.equal(t, step_2.state_dict()[k]) for k, t in exported.items())
+
+
+PAYLOADS = {"config.json": {"model_type": "payload", "auto_map": {"AutoConfig": "payload.Payload"}},
+            "tokenizer_config.json": {"tokenizer_class": "Payload",
+                                      "auto_map": {"AutoTokenizer": [None, "payload.Payload"]}}}
+
+
+@pytest.mark.parametrize("planted", [["tokenizer_config.json"], ["config.json", "tokenizer_config.json"]])
+def test_a_folders_own_code_never_runs_though_stdin_answers_yes(planted, trained_run, tmp_path, monkeypatch,
+                                                                 capsys):
+    """A checkpoint naming code of its own (auto_map, a class transformers lacks) is refused in one line by
+    every command that reads it, with "y" waiting on stdin for transformers' question (`yes y | ...`)."""
+    folder, marker = tmp_path / "planted", tmp_path / "the folder's code ran"
+    shutil.copytree(step_folders(trained_run)[0], folder)
+    (folder / "payload.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    for name in planted:
+        (folder / name).write_text(json.dumps(json.loads((folder / name).read_text()) | PAYLOADS[name]))
+    torch.save(load_file(folder / "model.safetensors"), tmp_path / "weights.pth")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 9))
+    gguf = tmp_path / "m.gguf"
+    for script, args in [(convert_to_hf, [folder, tmp_path / "hf"]), (convert_to_gguf, [folder, gguf]),
+                         (compare_llama_cpp, [folder, gguf]), (eval_llm, ["--model_path", folder]),
+                         (convert_from_minimind, [tmp_path / "weights.pth", folder, tmp_path / "mm"])]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit):
+            run_cli(lambda: script.main(list(map(str, args))))  # noqa: B023  (called at once)
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "contains custom code" in line, script
+    assert not marker.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["planted", "weights.pth"]
