@@ -277,7 +277,7 @@ def main(argv=None) -> None:
         print(format_metrics_table([result]))
         if not args.prompt:
             return
-    prompts = args.prompt or (read_prompts() if sys.stdin.isatty() else DEFAULT_PROMPTS)
+    prompts = args.prompt or (read_prompts() if sys.stdin and sys.stdin.isatty() else DEFAULT_PROMPTS)
     for prompt in prompts:
         print(prompt, end="", flush=True)
         generate_text(lm, tokenizer, prompt, sampling, stream=True)  # the streamer ends the line
