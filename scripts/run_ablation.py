@@ -10,7 +10,8 @@
 Every run is trainer.train_pretrain.train (as `python trainer/train_pretrain.py` runs it), with the same data,
 seeds and steps; any trainer flag passes through. A variant is <placement>-<norm> (pre-rmsnorm,
 pre+qk_head-rmsnorm; study/variants.py) or a name of model/names.py. A finished run is reused, so an
-interrupted study, run again, picks up where it stopped.
+interrupted study, run again, picks up where it stopped. The report covers every run an earlier command
+reported in the same --out_dir too (other variants, lrs or seeds), so a study can grow over several commands.
 
 --tune_lr compares every variant at its own best peak lr: the tune seeds (the first two of --seeds) train at
 each grid point; the lowest mean final validation loss of an lr at which no tune seed diverged or plateaued
@@ -78,6 +79,9 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     own, rest = p.parse_known_args(argv)
     if set(SET_PER_RUN) & {a.split("=")[0] for a in rest}:
         raise UserError(f"{', '.join(SET_PER_RUN)} are set per run by the study: use --seeds and --variants")
+    if (Path(own.out_dir) / "results.md").is_file() and not (Path(own.out_dir) / "results.json").is_file():
+        raise UserError(f"{own.out_dir}/results.md is not a study's report (no results.json beside it) and "
+                        "the report would replace it; move it, or choose another --out_dir")
     variants = [v for v in VARIANTS if not variant_problem(v)] if own.variants == ["all"] else own.variants
     for v in variants:
         try:

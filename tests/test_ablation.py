@@ -183,6 +183,9 @@ def test_a_finished_run_is_reused_and_refused_with_other_values(study, monkeypat
     flags = ("--variants", "pre-rmsnorm", "--max_steps", "2", "--eval_interval", "2")
     out = study(*flags)
     run = next((out / "runs").iterdir())
+    study(*flags[2:], "--variants", "post-rmsnorm")  # a second study in the folder adds to its report
+    assert sorted(r["variant"] for r in json.loads((out / "results.json").read_text())) == [
+        "post-rmsnorm", "pre-rmsnorm"]
 
     def no_training(args):
         raise AssertionError(f"trained {args.out_dir} again")
