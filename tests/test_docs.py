@@ -1,9 +1,13 @@
 """Every relative link and image in README.md and docs/ points at a tracked file, and every
-`page.md#anchor` names a heading of that page, so moving a page or a figure cannot silently break the docs."""
+`page.md#anchor` names a heading of that page, so moving a page or a figure cannot silently break the docs;
+the pages' commands run one after another as a newcomer reads them."""
 
 import re
+import shlex
 import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # [text](target) and ![alt](target); the target ends at whitespace or the closing parenthesis
@@ -101,3 +105,29 @@ def test_the_switch_table_in_docs_is_the_declaration():
     assert start in text and end in text
     table = text.split(start, 1)[1].split(end, 1)[0]
     assert table == switch_table(), f"replace the table in docs/model.md with:\n{switch_table()}"
+
+
+WALK = ["README.md", "docs/gguf.md", "docs/minimind-import.md", "extras/README.md"]  # README, then its links
+
+
+@pytest.mark.slow  # nine tiny training runs and six exports, in-process
+def test_the_pages_commands_run_in_reading_order_in_one_folder(tmp_path, monkeypatch, tiny_flags):
+    """Every trainer and converter command of README.md and the pages after it whose input is there, as
+    written (the trainer's at the tiny size, 2 steps), in order in one folder: none writes where an earlier
+    one wrote, or is refused."""
+    from extras.interop import convert_to_gguf, convert_to_hf
+    from trainer.args import parse_args
+    from trainer.train_pretrain import train
+
+    mains = {"trainer/train_pretrain.py": lambda a: train(parse_args([*a, *tiny_flags, "--max_steps", "2"])),
+             "extras/interop/convert_to_hf.py": convert_to_hf.main,
+             "extras/interop/convert_to_gguf.py": convert_to_gguf.main}
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    for page in WALK:
+        for line in re.findall(r"(?:^|`)python ([^`\n]+)", (ROOT / page).read_text(encoding="utf-8"), re.M):
+            script, *args = shlex.split(line, comments=True)
+            if script in mains and (script.startswith("trainer/") or Path(args[0]).exists()):
+                mains[script](args)
+                ran.append(page)
+    assert set(ran) == set(WALK) - {"docs/minimind-import.md"}, ran  # that page starts from MiniMind's files

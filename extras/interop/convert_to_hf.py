@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from common.cli import ArgumentParser, UserError, run_cli
 from common.fs import replaced
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("src_dir", type=Path, help="the trainer's --out_dir, or a MiniMind checkpoint folder")
     parser.add_argument("dst_dir", type=Path, help="new directory for the export (must not exist)")
     args = parser.parse_args(argv)
+    hf_logging.disable_progress_bar()  # the bars of loading and writing weights beside the one result line
     convert(args.src_dir, args.dst_dir)
 
 

@@ -92,27 +92,24 @@ def test_converters_refuse_a_damaged_step_and_export_a_runs_newest_intact_one(co
         assert all(torch.equal(t, step_2.state_dict()[k]) for k, t in exported.items())
 
 
-PAYLOADS = {"config.json": {"model_type": "payload", "auto_map": {"AutoConfig": "payload.Payload"}},
-            "tokenizer_config.json": {"tokenizer_class": "Payload",
-                                      "auto_map": {"AutoTokenizer": [None, "payload.Payload"]}}}
 
-
-@pytest.mark.parametrize("planted", [["tokenizer_config.json"], ["config.json", "tokenizer_config.json"]])
+@pytest.mark.parametrize("planted", ["config.json", "tokenizer_config.json"])
 def test_a_folders_own_code_never_runs_though_stdin_answers_yes(planted, trained_run, tmp_path, monkeypatch,
                                                                  capsys):
-    """A checkpoint naming code of its own (auto_map, a class transformers lacks) is refused in one line by
-    every command that reads it, with "y" waiting on stdin for transformers' question (`yes y | ...`)."""
+    """A checkpoint naming code of its own (auto_map, a type transformers lacks) is refused in one line by
+    every command that reads it, with "y" on stdin for transformers' question (`yes y | python ...`)."""
     folder, marker = tmp_path / "planted", tmp_path / "the folder's code ran"
     shutil.copytree(step_folders(trained_run)[0], folder)
     (folder / "payload.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
-    for name in planted:
-        (folder / name).write_text(json.dumps(json.loads((folder / name).read_text()) | PAYLOADS[name]))
+    payload = {"model_type": "payload", "tokenizer_class": "Payload",
+               "auto_map": {"AutoConfig": "payload.Payload", "AutoTokenizer": [None, "payload.Payload"]}}
+    (folder / planted).write_text(json.dumps(json.loads((folder / planted).read_text()) | payload))
     torch.save(load_file(folder / "model.safetensors"), tmp_path / "weights.pth")
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 9))
-    gguf = tmp_path / "m.gguf"
+    gguf, minimind = tmp_path / "m.gguf", [tmp_path / "weights.pth", folder, tmp_path / "mm"]  # its tokenizer
     for script, args in [(convert_to_hf, [folder, tmp_path / "hf"]), (convert_to_gguf, [folder, gguf]),
                          (compare_llama_cpp, [folder, gguf]), (eval_llm, ["--model_path", folder]),
-                         (convert_from_minimind, [tmp_path / "weights.pth", folder, tmp_path / "mm"])]:
+                         *[(convert_from_minimind, minimind)] * (planted == "tokenizer_config.json")]:
         capsys.readouterr()
         with pytest.raises(SystemExit):
             run_cli(lambda: script.main(list(map(str, args))))  # noqa: B023  (called at once)
