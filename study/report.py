@@ -50,8 +50,7 @@ def outcomes(runs: list[dict]) -> list[str]:
 
 def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
     head = ["variant", "layers", *(["lr", "warmup"] if grid else []), "val loss", "val bpb", "tokens/s",
-            "s/step",
-            "norm params", "diverged", "plateaued"]
+            "s/step", "norm params", "diverged", "plateaued"]
     rows = []
     for (variant, depth, lr, warmup), runs in groups.items():
         ok = [r for r in runs if not r["diverged"] and r["val_loss"] is not None]
@@ -126,31 +125,24 @@ def chosen_runs(folder: Path) -> dict[str, tuple[dict, list[dict]]]:
             for t in json.loads((folder / "tuning.json").read_text())}
 
 
-def with_earlier_report(out: Path, groups: dict[tuple, list[dict]], tuning: list[dict] | None):
-    """groups and tuning joined to what the folder's report holds from an earlier command with other variants,
-    lrs or seeds (its runs still in runs/), so that a report adds to the study folder's, never replaces it;
-    this command's runs and lr choices take the place of the same ones there."""
-    merged: dict[tuple, list[dict]] = {}
-    ours = {Path(r["out_dir"]).name for runs in groups.values() for r in runs}
-    for row in json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else []:
-        run_dir = out / "runs" / Path(row["out_dir"]).name  # where the folder is now
-        if run_dir.name not in ours and (run_dir / "summary.json").is_file():
-            key = row["variant"], row["depth"], row["args"]["learning_rate"], row["args"]["warmup_steps"]
-            merged.setdefault(key, []).append({**row, "out_dir": str(run_dir)})
-    for key, runs in groups.items():
-        merged[key] = merged.get(key, []) + runs
+def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = None) -> None:
+    """Write the study folder's report of the finished groups (and, with --tune_lr, every choice made), added
+    to what an earlier command (other variants, lrs or seeds) reported there, and print its tables."""
+    out = Path(study.out_dir)
+    earlier = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else []
+    # the runs an earlier command reported here, in their folders now, then this one's (variants as named)
+    rows = {Path(r["out_dir"]).name: {**r, "out_dir": str(out / "runs" / Path(r["out_dir"]).name)}
+            for r in earlier}
+    rows |= {Path(r["out_dir"]).name: {"variant": variant, "depth": depth, **r} | {"variant": variant}
+             for (variant, depth, _, _), runs in groups.items() for r in runs}
+    groups = {}
+    for r in rows.values():
+        key = r["variant"], r["depth"], r["args"]["learning_rate"], r["args"]["warmup_steps"]
+        groups.setdefault(key, []).append(r)
     if tuning is not None and (out / "tuning.json").is_file():
         chosen = {(t["variant"], t["depth"]) for t in tuning}
         tuning = [t for t in json.loads((out / "tuning.json").read_text())
                   if (t["variant"], t["depth"]) not in chosen] + tuning
-    return merged, tuning
-
-
-def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = None) -> None:
-    """Write the study folder's report of the finished groups, with those an earlier command reported there
-    (and, with --tune_lr, every choice made), and print its tables."""
-    out = Path(study.out_dir)
-    groups, tuning = with_earlier_report(out, groups, tuning)
     grid = tuning is None and len({key[2:] for key in groups}) > 1  # lrs or warmups side by side
     depths, seeds = {key[1] for key in groups}, sorted({r["seed"] for runs in groups.values() for r in runs})
     metrics = {key: [read_metrics(Path(r["out_dir"]) / "metrics.jsonl") for r in runs]
@@ -215,7 +207,5 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
         text.append("")
     text += ["![loss curves](loss_curves.png)", "", "![per-layer](layers.png)", ""]
     write_atomically(out / "results.md", "\n".join(text))
-    rows = [{"variant": variant, "depth": depth, **r}
-            for (variant, depth, _, _), runs in groups.items() for r in runs]
-    write_atomically(out / "results.json", json.dumps(rows, indent=1))
+    write_atomically(out / "results.json", json.dumps(list(rows.values()), indent=1))
     print("\n" + "\n\n".join(part for part in (fair, table, f"wrote {out / 'results.md'}") if part))

@@ -67,7 +67,6 @@ def test_writes_a_new_folder_and_replaces_one_only_when_told(tmp_path, tiny_corp
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "keep.txt").write_text("mine")
-    (notes / "tokenizer.json").write_text("{}")  # as in a checkpoint: a tokenizer beside other files
     with monkeypatch.context() as patch:  # refused before training, so nothing is ever written
         patch.setattr(script, "train_tokenizer", lambda *a: pytest.fail("trained, then refused"))
         for folder in (out, DEFAULT_TOKENIZER_DIR):
