@@ -45,7 +45,7 @@ class Sampling:
     top_k: int = 0
     repetition_penalty: float = 1.0
     seed: int = 0
-    use_cache: bool = True  # the KV cache: the same tokens either way, it only saves recomputing the prefix
+    no_kv_cache: bool = False  # recompute the prefix for every token: the same tokens, a check of the cache
 
 
 @dataclass
@@ -116,7 +116,7 @@ def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(), s
     ids = encode_prompt(tokenizer, prompt, lm.config.max_position_embeddings, sampling.max_new_tokens)
     ids = ids.to(lm.device)
     options = {"max_new_tokens": sampling.max_new_tokens, "repetition_penalty": sampling.repetition_penalty,
-               "do_sample": sampling.temperature > 0, "use_cache": sampling.use_cache}
+               "do_sample": sampling.temperature > 0, "use_cache": not sampling.no_kv_cache}
     if options["do_sample"]:  # greedy decoding would warn that these are unused
         options.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
@@ -227,11 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--repetition_penalty", type=finite_float, default=Sampling.repetition_penalty,
                      help="divide the logits of tokens already present by this (1 = off)")
     gen.add_argument("--seed", type=count, default=Sampling.seed, help="set anew for every prompt")
-    gen.add_argument("--no_kv_cache", dest="use_cache", action="store_false", help="recompute the whole "
-                     "sequence for every token (slower, the same tokens: a check of the cache)")
+    gen.add_argument("--no_kv_cache", action="store_true", help="recompute the whole sequence for every "
+                     "token (slower, the same tokens: a check of the cache)")
     ev = p.add_argument_group("held-out evaluation")
     ev.add_argument("--eval_data", nargs="?", const="default", metavar="PATH|default", help="loss, "
-                    "perplexity and bits per byte on this corpus's validation split (alone: the plays')")
+                    "perplexity and bits per byte on the validation split of this corpus: its own, else "
+                    "documents 0, 100, 200, ..., as the trainer holds them out (alone: the held-out plays)")
     ev.add_argument("--text_field", default="text", help="the column of --eval_data that holds the text")
     ev.add_argument("--batch_size", type=positive_int, default=8, help="windows per evaluation batch")
     ev.add_argument("--seq_len", type=positive_int, help="tokens per window (default: "
@@ -277,7 +278,7 @@ def main(argv=None) -> None:
         print(format_metrics_table([result]))
         if not args.prompt:
             return
-    prompts = args.prompt or (read_prompts() if sys.stdin.isatty() else DEFAULT_PROMPTS)
+    prompts = args.prompt or (read_prompts() if sys.stdin and sys.stdin.isatty() else DEFAULT_PROMPTS)
     for prompt in prompts:
         print(prompt, end="", flush=True)
         generate_text(lm, tokenizer, prompt, sampling, stream=True)  # the streamer ends the line

@@ -10,7 +10,7 @@
 Every run is trainer.train_pretrain.train (as `python trainer/train_pretrain.py` runs it), with the same data,
 seeds and steps; any trainer flag passes through. A variant is <placement>-<norm> (pre-rmsnorm,
 pre+qk_head-rmsnorm; study/variants.py) or a name of model/names.py. A finished run is reused, so an
-interrupted study, run again, picks up where it stopped.
+interrupted study, run again, picks up where it stopped; its report adds to an earlier command's there.
 
 --tune_lr compares every variant at its own best peak lr: the tune seeds (the first two of --seeds) train at
 each grid point; the lowest mean final validation loss of an lr at which no tune seed diverged or plateaued
@@ -78,6 +78,8 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     own, rest = p.parse_known_args(argv)
     if set(SET_PER_RUN) & {a.split("=")[0] for a in rest}:
         raise UserError(f"{', '.join(SET_PER_RUN)} are set per run by the study: use --seeds and --variants")
+    if (Path(own.out_dir) / "results.md").is_file() and not (Path(own.out_dir) / "results.json").is_file():
+        raise UserError(f"{own.out_dir}/results.md is not a study's report; move it or use another --out_dir")
     variants = [v for v in VARIANTS if not variant_problem(v)] if own.variants == ["all"] else own.variants
     for v in variants:
         try:
@@ -98,12 +100,13 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
         raise UserError("--tune_lr trains its grid's runs side by side: use --parallel runs")
     base = fill_device_defaults(build_parser().parse_args(rest))
     own.lr_from = lr_records(own.lr_from, variants, own.depths or [base.num_hidden_layers], own.tune_lr)
-    own.variants, own.seeds = without_repeats("--variants", variants), without_repeats("--seeds", own.seeds)
-    own.tune_seeds = without_repeats("--tune_seeds", own.tune_seeds or own.seeds[:2])
+    # each value once: a repeated seed or variant is the same run, which would weigh twice in every mean
+    own.variants, own.seeds = list(dict.fromkeys(variants)), list(dict.fromkeys(own.seeds))
+    own.tune_seeds = list(dict.fromkeys(own.tune_seeds or own.seeds[:2]))
     own.tune_lr = sorted(set(own.tune_lr)) if own.tune_lr else None
-    own.depths = without_repeats("--depths", own.depths or [base.num_hidden_layers])
-    own.learning_rates = without_repeats("--learning_rates", own.learning_rates or [base.learning_rate])
-    own.warmup_steps = without_repeats("--warmup_steps", own.warmup_steps or [base.warmup_steps])
+    own.depths = list(dict.fromkeys(own.depths or [base.num_hidden_layers]))
+    own.learning_rates = list(dict.fromkeys(own.learning_rates or [base.learning_rate]))
+    own.warmup_steps = list(dict.fromkeys(own.warmup_steps or [base.warmup_steps]))
     return own, base
 
 
@@ -121,16 +124,6 @@ def lr_records(study: Path | None, variants: list[str], depths: list[int], tune_
     if missing := [f"{v} L{d}" for v in variants for d in depths if (v, d) not in chosen]:
         raise UserError(f"--lr_from {study} chose no lr for {', '.join(missing)}")
     return chosen
-
-
-def without_repeats(flag: str, values: list) -> list:
-    """values without repeats, in order: a repeated seed or variant names the same run, which counted once per
-    mention would weigh more than the others in every mean."""
-    kept = list(dict.fromkeys(values))
-    if len(kept) < len(values):
-        repeated = [str(v) for v in kept if values.count(v) > 1]
-        print(f"note: {flag} repeats {', '.join(repeated)}; each runs and counts once", file=sys.stderr)
-    return kept
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,8 @@
 """Train the byte-level BPE tokenizer on the train split of a text source and save it for AutoTokenizer.
 
 The shipped data/tokenizer/ was made by running this with `--out_dir data/tokenizer --overwrite` and no other
-flags (embedded Shakespeare corpus). An --out_dir that is not empty is refused unless --overwrite is given.
+flags (embedded Shakespeare corpus). An --out_dir that is not empty is refused unless it holds only the files
+this script saves and --overwrite is given.
 """
 
 import sys
@@ -18,6 +19,7 @@ from data.corpus import load_texts, reading
 
 # MiniMind's special tokens, in id order: 0 ends every document, 1 and 2 delimit chat turns.
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+SAVED_FILES = ("tokenizer.json", "tokenizer_config.json")  # what save() writes: all that --overwrite deletes
 
 
 def train_tokenizer(data_path: str | None = None, text_field: str = "text", vocab_size: int = 6400,
@@ -51,18 +53,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out_dir", default="out/tokenizer",
                         help="directory to save tokenizer.json and tokenizer_config.json in")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace an --out_dir that holds a tokenizer (and whatever else is in it)")
+                        help=f"replace an --out_dir that holds {' and '.join(SAVED_FILES)} only (what this "
+                        "script saves); one holding anything else is refused")
     parser.add_argument("--streaming", action="store_true",
                         help="stream the source instead of caching it as Arrow")
     args = parser.parse_args(argv)
     out = Path(args.out_dir)
     if out.is_dir() and any(out.iterdir()):  # e.g. the shipped data/tokenizer
+        if others := sorted(p.name for p in out.iterdir() if p.name not in SAVED_FILES):  # a checkpoint?
+            raise UserError(f"--out_dir {out} holds {', '.join(others)}, which --overwrite never deletes (it "
+                            f"replaces a folder of {' and '.join(SAVED_FILES)} only); choose a new --out_dir")
         if not args.overwrite:
             raise UserError(f"--out_dir {out} is not empty; pass --overwrite to replace the tokenizer in it, "
                             "or choose a new --out_dir")
-        if not (out / "tokenizer.json").is_file():  # --overwrite replaces the whole folder
-            raise UserError(f"--out_dir {out} holds no tokenizer.json; --overwrite replaces only a "
-                            "tokenizer's folder, so choose a new --out_dir")
     tokenizer = train_tokenizer(args.data_path, args.text_field, args.vocab_size, args.streaming)
     save(tokenizer, out)  # only now, so a bad input leaves nothing behind
     print(f"saved a {len(tokenizer)}-token tokenizer to {args.out_dir}")

@@ -53,8 +53,7 @@ def plot_grid(values: np.ndarray, rows: list, cols: list, path: Path, title: str
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(1.4 + 1.2 * len(cols), 1.0 + 0.6 * len(rows)))
     worst = np.nanmax(values) if np.isfinite(values).any() else 0
-    ax.imshow(np.nan_to_num(values, nan=worst), cmap="viridis_r",
-              aspect="auto")
+    ax.imshow(np.nan_to_num(values, nan=worst), cmap="viridis_r", aspect="auto")
     for i in range(len(rows)):
         for j in range(len(cols)):
             ax.text(j, i, "X" if np.isnan(values[i, j]) else f"{values[i, j]:.2f}", ha="center", va="center",
@@ -79,8 +78,7 @@ def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigr
         low, high = np.array([v.min() for _, v, _ in kept]), np.array([v.max() for _, v, _ in kept])
         style = line_style(index)
         ax.errorbar([d for d, _, _ in kept], mean, yerr=[mean - low, high - mean], marker="o", capsize=3,
-                    label=name,
-                    **style)
+                    label=name, **style)
         for (d, _, runs), m in zip(kept, mean, strict=True):
             if any(r["plateaued"] for r in runs):
                 ax.plot(d, m, marker="o", ms=15, mfc="none", mew=1.5, color=style["color"])

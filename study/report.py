@@ -50,9 +50,7 @@ def outcomes(runs: list[dict]) -> list[str]:
 
 def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
     head = ["variant", "layers", *(["lr", "warmup"] if grid else []), "val loss: mean ± SD", "val bpb",
-            "tokens/s",
-            "s/step",
-            "norm params", "diverged", "plateaued"]
+            "tokens/s", "s/step", "norm params", "diverged", "plateaued"]
     rows = []
     for (variant, depth, lr, warmup), runs in groups.items():
         ok = [r for r in runs if not r["diverged"] and not r.get("plateaued")]
@@ -111,24 +109,39 @@ def chosen_runs(folder: Path) -> dict[str, tuple[dict, list[dict]]]:
 
 
 def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = None) -> None:
-    """Write the study folder's report of the finished groups (and, with --tune_lr, every choice made) and
-    print its tables."""
+    """Write the study folder's report of the finished groups (and, with --tune_lr, every choice made), added
+    to what an earlier command (other variants, lrs or seeds) reported there, and print its tables."""
     out = Path(study.out_dir)
-    grid = len(study.learning_rates) > 1 or len(study.warmup_steps) > 1
+    earlier = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else []
+    # the runs an earlier command reported here, in their folders now, then this one's (variants as named)
+    rows = {Path(r["out_dir"]).name: {**r, "out_dir": str(out / "runs" / Path(r["out_dir"]).name)}
+            for r in earlier}
+    rows |= {Path(r["out_dir"]).name: {"variant": variant, "depth": depth, **r} | {"variant": variant}
+             for (variant, depth, _, _), runs in groups.items() for r in runs}
+    groups = {}
+    for r in rows.values():
+        key = r["variant"], r["depth"], r["args"]["learning_rate"], r["args"]["warmup_steps"]
+        groups.setdefault(key, []).append(r)
+    if tuning is not None and (out / "tuning.json").is_file():
+        chosen = {(t["variant"], t["depth"]) for t in tuning}
+        tuning = [t for t in json.loads((out / "tuning.json").read_text())
+                  if (t["variant"], t["depth"]) not in chosen] + tuning
+    grid = tuning is None and len({key[2:] for key in groups}) > 1  # lrs or warmups side by side
+    depths, seeds = {key[1] for key in groups}, sorted({r["seed"] for runs in groups.values() for r in runs})
     metrics = {key: [read_metrics(Path(r["out_dir"]) / "metrics.jsonl") for r in runs]
                for key, runs in groups.items()}
     # the same for every run: the smoothed token frequencies of the study's data (trainer/evaluation.py)
     unigram = next((r["unigram_loss"] for runs in groups.values() for r in runs), math.nan)
 
     def label(variant, depth, lr, warmup, with_depth=True):
-        return " ".join([variant, *([f"L{depth}"] if with_depth and len(study.depths) > 1 else []),
+        return " ".join([variant, *([f"L{depth}"] if with_depth and len(depths) > 1 else []),
                          *([f"lr={lr:g} wu={warmup}"] if grid else [])])  # tuned: one lr per variant
 
     plot_loss_curves({label(*k): m for k, m in metrics.items()}, out / "loss_curves.png")
     plot_layer_profiles({label(*k): m[0] for k, m in metrics.items()
                          if any(r["split"] == "train" for r in m[0])}, out / "layers.png")
     text = ["# Normalization ablation", "", describe(environment()) + " Each run's is in results.json.", "",
-            f"Seeds: {study.seeds}. Values are mean ± SD over seeds of the final validation loss; a "
+            f"Seeds: {seeds}. Values are mean ± SD over seeds of the final validation loss; a "
             "diverged or plateaued run (docs/training.md) is counted in its column, not averaged. A "
             f"run plateaued when its final validation loss is within {evaluation.PLATEAU_MARGIN} nats of a "
             f"unigram model's ({unigram:.3f}) or no lower than its first.", ""]
@@ -161,7 +174,7 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
         shown = {key: runs for key, runs in fresh.items() if runs}
     table = results_table(shown, grid or tuning is not None)
     text += [table, ""]
-    if len(study.depths) > 1:
+    if len(depths) > 1:
         lines: dict[str, list[tuple[int, list[dict]]]] = {}
         for (variant, depth, lr, warmup), runs in groups.items():
             lines.setdefault(label(variant, depth, lr, warmup, with_depth=False), []).append((depth, runs))
@@ -169,20 +182,17 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
         text += ["## Depth (final val loss, mean and min..max over seeds)", "", "![depth](depth.png)", ""]
     if grid:
         text += ["## Stability grid (final val loss, mean over seeds; X = a seed diverged)", ""]
-        for variant in study.variants:
-            for depth in study.depths:
-                values = np.array([[np.nan if any(r["diverged"] or r["val_loss"] is None for r in runs)
-                                    else statistics.mean(r["val_loss"] for r in runs)
-                                    for runs in (groups[variant, depth, lr, w] for w in study.warmup_steps)]
-                                   for lr in study.learning_rates])
-                name = f"{variant}-L{depth}"
-                plot_grid(values, [f"lr {lr:g}" for lr in study.learning_rates],
-                          [f"warmup {w}" for w in study.warmup_steps], out / f"grid-{name}.png", name)
-                text.append(f"![{name}](grid-{name}.png)")
+        for variant, depth in dict.fromkeys(key[:2] for key in groups):
+            lrs, warmups = (sorted({key[i] for key in groups if key[:2] == (variant, depth)}) for i in (2, 3))
+            values = np.array([[np.nan if any(r["diverged"] or r["val_loss"] is None for r in runs)
+                                else statistics.mean(r["val_loss"] for r in runs)
+                                for runs in (groups[variant, depth, lr, w] for w in warmups)] for lr in lrs])
+            name = f"{variant}-L{depth}"
+            plot_grid(values, [f"lr {lr:g}" for lr in lrs], [f"warmup {w}" for w in warmups],
+                      out / f"grid-{name}.png", name)
+            text.append(f"![{name}](grid-{name}.png)")
         text.append("")
     text += ["![loss curves](loss_curves.png)", "", "![per-layer](layers.png)", ""]
     write_atomically(out / "results.md", "\n".join(text))
-    rows = [{"variant": variant, "depth": depth, **r}
-            for (variant, depth, _, _), runs in groups.items() for r in runs]
-    write_atomically(out / "results.json", json.dumps(rows, indent=1))
+    write_atomically(out / "results.json", json.dumps(list(rows.values()), indent=1))
     print("\n" + "\n\n".join(part for part in (fair, table, f"wrote {out / 'results.md'}") if part))

@@ -1,9 +1,12 @@
-"""Every relative link and image in README.md and docs/ points at a tracked file, and every
-`page.md#anchor` names a heading of that page, so moving a page or a figure cannot silently break the docs."""
+"""Every relative link and image in README.md and docs/ points at a tracked file, every `page.md#anchor` names
+a heading of that page, and the pages' commands run in reading order, so the docs cannot silently break."""
 
+import importlib
 import re
 import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # [text](target) and ![alt](target); the target ends at whitespace or the closing parenthesis
@@ -101,3 +104,21 @@ def test_the_switch_table_in_docs_is_the_declaration():
     assert start in text and end in text
     table = text.split(start, 1)[1].split(end, 1)[0]
     assert table == switch_table(), f"replace the table in docs/model.md with:\n{switch_table()}"
+
+
+
+@pytest.mark.slow  # nine tiny training runs and six exports, in-process
+def test_the_pages_commands_run_in_reading_order_in_one_folder(tmp_path, monkeypatch, tiny_flags):
+    """README.md, then the pages after it: each trainer and converter command whose input is there runs as
+    written (the trainer's at the tiny size, 2 steps), in that order in one folder, and none is refused."""
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    for page in ["README.md", "docs/gguf.md", "docs/minimind-import.md", "extras/README.md"]:
+        pattern = r"(?:^|`)python ((?:trainer|extras/interop/convert_to_(?:hf|gguf))[^`\n]+)"
+        for line in re.findall(pattern, (ROOT / page).read_text(encoding="utf-8"), re.M):
+            script, *args = line.split("#")[0].split()
+            tiny = [*tiny_flags, "--max_steps", "2"] if script.startswith("trainer/") else []
+            if tiny or Path(args[0]).exists():  # (MiniMind's files, or a step the tiny runs do not reach)
+                importlib.import_module(script[:-3].replace("/", ".")).main([*args, *tiny])
+                ran.append(page)
+    assert sorted(set(ran)) == ["README.md", "docs/gguf.md", "extras/README.md"], ran

@@ -41,13 +41,11 @@ def test_a_winner_at_an_edge_grows_the_grid_by_two_and_a_grid_where_nothing_trai
 
 
 def test_an_lr_scores_the_mean_of_its_tune_seeds_and_any_failed_seed_disqualifies_it():
-    assert grid_point(2e-3, [Point(2e-3, 4.2, True), Point(2e-3, 4.4, True)]) == Point(2e-3,
-                                                                                       pytest.approx(4.3),
-                                                                                       True)
+    assert grid_point(2e-3, [Point(2e-3, 4.2, True), Point(2e-3, 4.4, True)]) == Point(
+        2e-3, pytest.approx(4.3), True)
     # one seed plateaued: the mean is kept for the figure, but the lr cannot win
-    assert grid_point(4e-3, [Point(4e-3, 4.0, True), Point(4e-3, 4.1, False)]) == Point(4e-3,
-                                                                                        pytest.approx(4.05),
-                                                                                           False)
+    assert grid_point(4e-3, [Point(4e-3, 4.0, True), Point(4e-3, 4.1, False)]) == Point(
+        4e-3, pytest.approx(4.05), False)
     # one seed diverged: no loss, and the survivors' mean does not stand in for it
     assert grid_point(8e-3, [Point(8e-3, 3.9, True), Point(8e-3, None, False)]) == Point(8e-3, None, False)
     # seed 0 alone would pick 2e-3, the mean of both picks 4e-3

@@ -113,8 +113,7 @@ def test_per_block_diagnostics_only_on_diagnostic_steps(train_args, monkeypatch)
                       "--save_interval", 7)
     stacked = []  # the shape of every tensor read back with .tolist()
     tolist = torch.Tensor.tolist
-    monkeypatch.setattr(torch.Tensor, "tolist",
-                        lambda self: stacked.append(self.shape) or tolist(self))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: stacked.append(self.shape) or tolist(self))
     tp.train(args)
     records = [r for r in read_metrics(args.out_dir + "/metrics.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6, 7]

@@ -73,9 +73,9 @@ def test_writes_a_new_folder_and_replaces_one_only_when_told(tmp_path, tiny_corp
             assert one_error_line(capsys, "--out_dir", str(folder)) == (
                 f"error: --out_dir {folder} is not empty; pass --overwrite to replace the tokenizer in it, "
                 "or choose a new --out_dir")
-        # --overwrite replaces the whole folder, so only one that holds a tokenizer
+        # --overwrite replaces the whole folder, so only one of the files a tokenizer is saved as
         assert one_error_line(capsys, "--out_dir", str(notes), "--overwrite").startswith(
-            f"error: --out_dir {notes} holds no tokenizer.json")
+            f"error: --out_dir {notes} holds keep.txt, which --overwrite never deletes")
     assert {p.name: p.read_bytes() for p in DEFAULT_TOKENIZER_DIR.iterdir()} == shipped
     assert len(load_tokenizer(out)) == 300 and (notes / "keep.txt").read_text() == "mine"  # left as they were
     script.main(["--data_path", tiny_corpus, "--vocab_size", "260", "--out_dir", str(out), "--overwrite"])

@@ -35,7 +35,7 @@ def open_gguf(path: Path, context: int, threads: int):
     if not path.is_file():
         raise UserError(f"{path}: no such GGUF file (write one with extras/interop/convert_to_gguf.py)")
     return Llama(model_path=str(path), n_ctx=context, n_batch=context, logits_all=True, n_threads=threads,
-                 verbose=False)
+                 n_threads_batch=threads, verbose=False)  # (batch: the whole prompt, else every core)
 
 
 def cpp_logits(llm, ids: list[int]) -> torch.Tensor:
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--windows", type=positive_int, help="perplexity windows to score (default: all)")
     p.add_argument("--prompt", default="", help="greedy prompt (default: the first 200 characters held out)")
     p.add_argument("--new_tokens", type=positive_int, default=40, help="greedy tokens to compare")
-    p.add_argument("--threads", type=positive_int, default=2, help="llama.cpp's CPU threads")
+    p.add_argument("--threads", type=positive_int, default=2, help="llama.cpp's CPU threads, for prompts too")
     p.add_argument("--tolerance", type=non_negative, default=0.01, help="allowed relative perplexity gap")
     args = p.parse_args(argv)
     if args.context < 2:  # a window of one token predicts nothing

@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from common.cli import ArgumentParser, UserError, first_line, non_negative, positive_int, run_cli
 from common.fs import replaced
@@ -92,9 +93,11 @@ def infer_config(weights: dict[str, torch.Tensor], name: str, preset: str, flags
                         "--num_attention_heads)")
     defaults = {"rms_norm_eps": switches.rms_norm_eps, "rope_theta": ROPE_THETA,
                 "max_position_embeddings": MAX_POSITIONS}
+    # no dense MLP (MiniMind's MoE variants): any width; the key check of import_minimind names the experts
+    ffn = weights.get("model.layers.0.mlp.gate_proj.weight", weights["model.embed_tokens.weight"])
     shapes = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=k_width // head_dim,
-                  intermediate_size=rows("model.layers.0.mlp.gate_proj.weight"))
+                  intermediate_size=len(ffn))
     try:
         return MiniMindConfig(**defaults | given | shapes, norm_type="rmsnorm", norm_position="pre",
                               qk_norm=switches.qk_norm, tie_word_embeddings=tied,
@@ -172,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max_position_embeddings", type=positive_int,
                         help="context length recorded in the config (default: 32768, both versions)")
     args = parser.parse_args(argv)
+    hf_logging.disable_progress_bar()  # the "Writing model shards" bar beside the one result line
     convert(args.pth, args.tokenizer_dir, args.dst_dir, version=args.version,
             **{name: getattr(args, name) for name in FLAGS})
 

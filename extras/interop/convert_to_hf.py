@@ -16,10 +16,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
-from transformers import AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from common.cli import ArgumentParser, UserError, run_cli
 from common.fs import replaced
+from data import load_tokenizer
 from extras.interop.export import export_model
 
 TOLERANCE = 1e-4
@@ -46,7 +47,7 @@ def convert(src: Path, dst: Path) -> str:
     with replaced(dst) as tmp:
         target.save_pretrained(tmp)
         if (src / "tokenizer.json").is_file():
-            save_portable_tokenizer(AutoTokenizer.from_pretrained(src), tmp)
+            save_portable_tokenizer(load_tokenizer(src), tmp)
         # The self-check reads what was written, with transformers' own class and none of this repo's code.
         reloaded = type(target).from_pretrained(tmp, dtype=torch.float32).eval()
         ids = torch.randint(0, source.config.vocab_size, (3, 24), generator=torch.Generator().manual_seed(0))
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("src_dir", type=Path, help="the trainer's --out_dir, or a MiniMind checkpoint folder")
     parser.add_argument("dst_dir", type=Path, help="new directory for the export (must not exist)")
     args = parser.parse_args(argv)
+    hf_logging.disable_progress_bar()  # the bars of loading and writing weights beside the one result line
     convert(args.src_dir, args.dst_dir)
 
 

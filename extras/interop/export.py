@@ -18,7 +18,8 @@ def export_model(src: Path) -> tuple[Path, MiniMindForCausalLM, torch.nn.Module]
     folder or a run folder (its newest step that loads); a one-line UserError for a checkpoint no allowlisted
     family computes exactly, or for one that does not load."""
     def read(folder: Path):
-        cfg = AutoConfig.from_pretrained(folder)  # a damaged config.json: load_newest falls back
+        # never the folder's own code (auto_map); a damaged config.json: load_newest falls back
+        cfg = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         if cfg.model_type != "minimind":
             raise UserError(f"{folder} holds a {cfg.model_type!r} model, not a MiniMind checkpoint")
         try:

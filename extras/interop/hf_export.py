@@ -24,8 +24,8 @@ FAMILIES = {("pre", "none", "w", "none"): "llama", ("pre", "head", "w", "none"):
 CONFIG_CLASSES = {"llama": LlamaConfig, "qwen3": Qwen3Config, "olmo2": Olmo2Config, "gemma2": Gemma2Config,
                   "gemma3": Gemma3TextConfig}
 ALLOWED = ("pre (Llama), pre + qk_norm=head (Qwen3) or reorder + qk_norm=proj (OLMo 2), each with RMSNorm; "
-           "peri + norm_gain=one_plus_w + embed_norm=scale (Gemma 2), and with qk_norm=head (Gemma 3), "
-           "with rmsnorm")
+           "to Hugging Face only, not GGUF: peri + norm_gain=one_plus_w + embed_norm=scale (Gemma 2), and "
+           "with qk_norm=head (Gemma 3), with rmsnorm")
 
 
 def hf_family(cfg) -> str:

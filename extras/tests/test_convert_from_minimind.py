@@ -98,14 +98,15 @@ def test_untied_minimind3_resume_file_stays_untied_and_exports(tmp_path, tiny_to
     assert convert_to_hf(tmp_path / "out", tmp_path / "hf") == "Qwen3ForCausalLM"
 
 
-MOE_KEYS = ["model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.0.mlp.gate.weight"]
+DENSE_KEYS = [f"model.layers.0.mlp.{name}_proj.weight" for name in ("down", "gate", "up")]
+MOE_KEYS = [key.replace("mlp.", "mlp.experts.0.") for key in DENSE_KEYS] + ["model.layers.0.mlp.gate.weight"]
 NON_FINITE = ("model.layers.0.mlp.down_proj.weight holds 2 non-finite values (nan or inf) of 12,288, so the "
               "run that saved it had diverged or the file is damaged; import a checkpoint saved before that")
 NOT_HELD = "{pth}: not a MiniMind2 state dict this repository's model can hold"
 
 
 @pytest.mark.parametrize("case,line", [
-    ("moe", NOT_HELD + f"; unknown keys: {', '.join(MOE_KEYS)}"),
+    ("moe", NOT_HELD + f"; unknown keys: {', '.join(MOE_KEYS)}; missing keys: {', '.join(DENSE_KEYS)}"),
     ("missing", NOT_HELD + "; missing keys: model.layers.1.post_attention_layernorm.weight"),
     ("nan", "{pth}: " + NON_FINITE), ("inf", "{pth}: " + NON_FINITE),
     ("not_a_pth", "{pth}: cannot read it as a PyTorch state dict ("),
@@ -119,7 +120,7 @@ def test_bad_input_is_one_line_on_the_command_line_and_writes_nothing(tmp_path, 
     pth = tmp_path / "m.pth"
     state = save_pth(minimind_model(load_tokenizer(tiny_tokenizer_dir), "2"), pth)
     if case == "moe":  # MiniMind's MoE variant has a router and experts where the dense MLP is
-        state.update({key: torch.zeros(4, 64) for key in MOE_KEYS})
+        state = {k: state[k] for k in state.keys() - DENSE_KEYS} | dict.fromkeys(MOE_KEYS, torch.zeros(4))
     elif case == "missing":
         del state["model.layers.1.post_attention_layernorm.weight"]
     elif case in ("nan", "inf"):

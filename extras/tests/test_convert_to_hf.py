@@ -3,8 +3,10 @@ and measures; the Gemma 2 export carries the soft-cap; the tokenizer is written 
 damaged checkpoint is refused in one line by both converters, and a run folder exports its newest step that
 loads."""
 
+import io
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -13,13 +15,13 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, Gemma2ForCausalLM
 
 import eval_llm
-from common.cli import UserError
+from common.cli import UserError, run_cli
 from data import load_tokenizer
-from extras.interop import convert_to_gguf, convert_to_hf
+from extras.interop import compare_llama_cpp, convert_to_gguf, convert_to_hf
 from extras.interop.hf_export import FAMILIES
 from tests.tiny import ids, tiny_model
 from trainer.args import parse_args
-from trainer.checkpoint import save_checkpoint
+from trainer.checkpoint import save_checkpoint, step_folders
 from trainer.train_pretrain import train
 
 
@@ -86,3 +88,25 @@ def test_converters_refuse_a_damaged_step_and_export_a_runs_newest_intact_one(co
         exported = AutoModelForCausalLM.from_pretrained(dst).state_dict()
         step_2 = tiny_model(2, perturb=False, vocab_size=exported["model.embed_tokens.weight"].shape[0])
         assert all(torch.equal(t, step_2.state_dict()[k]) for k, t in exported.items())
+
+
+
+@pytest.mark.parametrize("planted", ["config.json", "tokenizer_config.json"])
+def test_a_folders_own_code_never_runs_with_yes_on_stdin(planted, trained_run, tmp_path, monkeypatch, capsys):
+    """A checkpoint naming code of its own (auto_map, a type transformers lacks) is refused in one line by
+    every command that reads it, with "y" on stdin for transformers' question (`yes y | python ...`)."""
+    folder, marker = tmp_path / "planted", tmp_path / "the folder's code ran"
+    shutil.copytree(step_folders(trained_run)[0], folder)
+    (folder / "payload.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    payload = {"model_type": "x", "tokenizer_class": "X", "auto_map": {"AutoConfig": "payload.X",
+                                                                       "AutoTokenizer": [None, "payload.X"]}}
+    (folder / planted).write_text(json.dumps(json.loads((folder / planted).read_text()) | payload))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 9))
+    for script, args in [(convert_to_hf, [folder, "hf"]), (convert_to_gguf, [folder, "m.gguf"]),
+                         (compare_llama_cpp, [folder, "m.gguf"]), (eval_llm, ["--model_path", folder])]:
+        with pytest.raises(SystemExit):
+            run_cli(lambda: script.main(list(map(str, args))))  # noqa: B023  (called at once)
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "contains custom code" in line, script
+    assert not marker.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["planted"]
