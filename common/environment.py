@@ -1,5 +1,6 @@
 """Where a result came from: the code, the libraries, the machine and the date, recorded beside it."""
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -29,24 +30,13 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-# The extensions that decide which CPU kernels torch runs, so its speed and its matmuls' rounding: each one's
-# flag in /proc/cpuinfo and the name recorded.
-CPU_EXTENSIONS = {"avx2": "AVX2", "avx512f": "AVX-512", "amx_tile": "AMX"}
-
-
-def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
-    """The CPU's model as the kernel names it (e.g. 'AMD EPYC 7B13') and which CPU_EXTENSIONS its first
-    processor's flags list (None without /proc/cpuinfo: not Linux)."""
-    try:
-        lines = cpuinfo.read_text().splitlines()
-    except OSError:
-        return {"cpu": platform.processor() or platform.machine(), "cpu_isa": None}
-    info = {}
-    for key, _, value in (line.partition(":") for line in lines):
-        info.setdefault(key.strip(), value.strip())
-    flags = set(info.get("flags", "").split())
-    return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
-            "cpu_isa": [name for flag, name in CPU_EXTENSIONS.items() if flag in flags]}
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model as the kernel names it (e.g. 'AMD EPYC 7B13'); the platform's name elsewhere."""
+    with contextlib.suppress(OSError):
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
 
 
 def environment(device: torch.device | str | None = None) -> dict:
@@ -56,7 +46,7 @@ def environment(device: torch.device | str | None = None) -> dict:
     commit = git("rev-parse", "HEAD")
     # the results folder aside: a study writes its runs and report there while it trains
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results")
-    host = cpu()
+    host = cpu_model()
     return {
         "git_commit": commit,
         "git_dirty": None if commit is None or dirty is None else bool(dirty),
@@ -64,8 +54,11 @@ def environment(device: torch.device | str | None = None) -> dict:
         "torch": torch.__version__,
         "transformers": metadata.version("transformers"),
         "datasets": metadata.version("datasets"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else host["cpu"],
-        **host,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else host,
+        "cpu": host,
+        # the kernels torch runs (AVX2, AVX512, ...; ATEN_CPU_CAPABILITY lowers it): they decide how
+        # float32 matmuls round, so runs compare only within one
+        "cpu_isa": [torch.backends.cpu.get_cpu_capability()],
         "threads": torch.get_num_threads(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

@@ -241,9 +241,9 @@ class MiniMindBlock(nn.Module):
         self.plan = plan
         self.self_attn = Attention(config, layer_idx, plan.init_scale)
         self.mlp = FeedForward(config, plan.init_scale)
-        for site, slots in (("attn", plan.attn), ("mlp", plan.mlp)):
+        for slots in (plan.attn, plan.mlp):
             for name in filter(None, (slots.before, slots.after, slots.around)):
-                self.add_module(name, make_norm(config, site))
+                self.add_module(name, make_norm(config))
         if plan.residual_scale:  # ReZero: one scalar per sublayer, 0 at init (set in _init_weights)
             self.attn_residual_scale = nn.Parameter(torch.zeros(1))
             self.mlp_residual_scale = nn.Parameter(torch.zeros(1))
@@ -306,12 +306,12 @@ class Attention(nn.Module):
         if self.qk_norm != "none":
             per_head = self.qk_norm == "head"
             width = self.head_dim if per_head else None  # None: the whole projection
-            self.q_norm = make_norm(config, "qk", width or self.n_heads * self.head_dim)
-            self.k_norm = make_norm(config, "qk", width or self.n_kv_heads * self.head_dim)
+            self.q_norm = make_norm(config, width or self.n_heads * self.head_dim)
+            self.k_norm = make_norm(config, width or self.n_kv_heads * self.head_dim)
         # V-norm (Gemma 3n/4, HybridNorm): with q and k normalized too, attention ignores its input's scale
-        self.v_norm = make_norm(config, "qk", self.head_dim) if config.v_norm == "head" else None
+        self.v_norm = make_norm(config, self.head_dim) if config.v_norm == "head" else None
         # Sub-LN (BitNet; NormFormer's head-output norm): the concatenated heads normalized before o_proj
-        self.attn_sub_norm = make_norm(config, "attn", config.hidden_size) if config.sub_norm else None
+        self.attn_sub_norm = make_norm(config, config.hidden_size) if config.sub_norm else None
 
     def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """q [batch, heads, seq, head_dim] and k [batch, kv_heads, seq, head_dim] as attention uses them
@@ -356,7 +356,7 @@ class FeedForward(nn.Module):
         for proj in (self.gate_proj, self.up_proj, self.down_proj):
             proj.init_scale = init_scale  # DeepNorm's beta
         # Sub-LN (BitNet; NormFormer's FFN norm): the SwiGLU product normalized before down_proj
-        self.ffn_sub_norm = make_norm(config, "mlp", config.intermediate_size) if config.sub_norm else None
+        self.ffn_sub_norm = make_norm(config, config.intermediate_size) if config.sub_norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.silu(self.gate_proj(x)) * self.up_proj(x)
@@ -420,10 +420,10 @@ class MiniMindModel(MiniMindPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         # What the blocks receive from the lookup: as is, times sqrt(d) (Gemma), or normalized (BLOOM)
         if config.embed_norm == "norm":
-            self.word_embeddings_layernorm = make_norm(config, "embed")
+            self.word_embeddings_layernorm = make_norm(config)
         self.layers = nn.ModuleList(MiniMindBlock(config, i, plan)
                                     for i, plan in enumerate(layer_plans(config)))
-        self.norm = make_norm(config, "final") if has_final_norm(config) else nn.Identity()
+        self.norm = make_norm(config) if has_final_norm(config) else nn.Identity()
         self.rotary_emb = RotaryEmbedding(config)
         self.post_init()
 

@@ -86,38 +86,26 @@ class LayerNorm(Norm):
         return self.with_gain(x, layer_norm)
 
 
-class DyT(Norm):
-    """Dynamic Tanh (Zhu et al., CVPR 2025): y = weight * tanh(alpha * x) + bias, alpha one learnable scalar.
-    Not a normalization: an elementwise squashing in its place."""
+class Squashing(Norm):
+    """gain * f(alpha * x) + bias, alpha one learnable scalar: not a normalization, an elementwise
+    squashing in its place. DyT (Zhu et al., CVPR 2025) squashes with tanh; Derf (Chen et al. 2025)
+    with erf, after a per-channel shift (shifted=True): at init erf(0.5 x), zero-centred."""
 
-    def __init__(self, dim: int, alpha_init: float = 0.5, one_plus_w: bool = False):
+    def __init__(self, dim: int, squash: Callable, alpha_init: float = 0.5, shifted: bool = False,
+                 one_plus_w: bool = False):
         super().__init__(one_plus_w)
-        self.alpha_init = alpha_init
+        self.squash, self.alpha_init = squash, alpha_init
         self.alpha = nn.Parameter(torch.full((1,), alpha_init))
+        self.shift = nn.Parameter(torch.zeros(dim)) if shifted else None
         self.weight = self.unit_gain(dim)
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.with_gain(x, lambda x, gain: torch.tanh(self.alpha * x) * gain + self.bias.to(gain.dtype))
+        def squashed(x, gain):
+            z = self.alpha * x if self.shift is None else self.alpha * x + self.shift.to(gain.dtype)
+            return self.squash(z) * gain + self.bias.to(gain.dtype)
 
-
-class Derf(Norm):
-    """Dynamic erf (Chen et al. 2025): y = weight * erf(alpha * x + shift) + bias, DyT's shape with erf and a
-    per-channel shift; at init erf(0.5 x), zero-centred."""
-
-    def __init__(self, dim: int, alpha_init: float = 0.5, one_plus_w: bool = False):
-        super().__init__(one_plus_w)
-        self.alpha_init = alpha_init
-        self.alpha = nn.Parameter(torch.full((1,), alpha_init))
-        self.shift = nn.Parameter(torch.zeros(dim))
-        self.weight = self.unit_gain(dim)
-        self.bias = nn.Parameter(torch.zeros(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        def derf(x, gain):
-            return torch.erf(self.alpha * x + self.shift.to(gain.dtype)) * gain + self.bias.to(gain.dtype)
-
-        return self.with_gain(x, derf)
+        return self.with_gain(x, squashed)
 
 
 class SeeDNorm(Norm):
@@ -144,7 +132,7 @@ class SeeDNorm(Norm):
 class NormType:
     """One entry of the norm registry: how to build a norm of this type for a slot, and what it is."""
 
-    build: Callable[[int, "MiniMindConfig", str], nn.Module] | None  # (dim, config, site) -> a norm, or None
+    build: Callable[[int, "MiniMindConfig"], nn.Module] | None  # (dim, config) -> a norm, or None
     help: str
     hf_rmsnorm: bool = False  # computes what HF's RMSNorm (Llama, Qwen3, OLMo 2) computes, gains included
     gain: bool = True  # has a learnable gain (which norm_gain='one_plus_w' stores as w, applied as 1 + w)
@@ -155,19 +143,19 @@ def one_plus_w(cfg: "MiniMindConfig") -> bool:
 
 
 NORM_TYPES = {
-    "rmsnorm": NormType(lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, one_plus_w=one_plus_w(cfg)),
+    "rmsnorm": NormType(lambda dim, cfg: RMSNorm(dim, cfg.rms_norm_eps, one_plus_w=one_plus_w(cfg)),
                         "x / rms(x) * gain (Llama)", hf_rmsnorm=True),
-    "rmsnorm_noparam": NormType(lambda dim, cfg, site: RMSNorm(dim, cfg.rms_norm_eps, False),
+    "rmsnorm_noparam": NormType(lambda dim, cfg: RMSNorm(dim, cfg.rms_norm_eps, False),
                                 "RMSNorm without gains", hf_rmsnorm=True, gain=False),
-    "ssnorm": NormType(lambda dim, cfg, site: SSNorm(cfg.rms_norm_eps, one_plus_w(cfg)),
+    "ssnorm": NormType(lambda dim, cfg: SSNorm(cfg.rms_norm_eps, one_plus_w(cfg)),
                        "x / rms(x) * one scalar gain (single-scale RMSNorm, OSP 2025)"),
-    "layernorm": NormType(lambda dim, cfg, site: LayerNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)),
+    "layernorm": NormType(lambda dim, cfg: LayerNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)),
                           "(x - mean) / std * gain + bias (GPT-2)"),
-    "dyt": NormType(lambda dim, cfg, site: DyT(dim, cfg.dyt_alpha_init, one_plus_w(cfg)),
+    "dyt": NormType(lambda dim, cfg: Squashing(dim, torch.tanh, cfg.dyt_alpha_init, False, one_plus_w(cfg)),
                     "gain * tanh(alpha * x) + bias, no statistics (DyT, 2025)"),
-    "derf": NormType(lambda dim, cfg, site: Derf(dim, cfg.dyt_alpha_init, one_plus_w(cfg)),
+    "derf": NormType(lambda dim, cfg: Squashing(dim, torch.erf, cfg.dyt_alpha_init, True, one_plus_w(cfg)),
                      "gain * erf(alpha * x + shift) + bias, no statistics (Derf, 2025)"),
-    "seednorm": NormType(lambda dim, cfg, site: SeeDNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)),
+    "seednorm": NormType(lambda dim, cfg: SeeDNorm(dim, cfg.rms_norm_eps, one_plus_w(cfg)),
                          "[tanh(x . beta) * alpha + gain] * x / rms(x), a per-token gain (SeeDNorm, 2025)"),
     "none": NormType(None, "no normalization at all", gain=False),
 }
@@ -183,11 +171,11 @@ def init_norm(module: nn.Module) -> None:
             init.constant_(tensor, starts.get(name, 0.0))
 
 
-def make_norm(config: "MiniMindConfig", site: str, dim: int | None = None) -> nn.Module:
+def make_norm(config: "MiniMindConfig", dim: int | None = None) -> nn.Module:
     """A norm of config.norm_type for one slot; an Identity for norm_type='none', so every slot stays
     callable."""
     build = NORM_TYPES[config.norm_type].build
-    return nn.Identity() if build is None else build(dim or config.hidden_size, config, site)
+    return nn.Identity() if build is None else build(dim or config.hidden_size, config)
 
 
 def count_norms(model: nn.Module) -> int:
