@@ -168,10 +168,9 @@ def with_implied(values: dict) -> SimpleNamespace:
     return c
 
 
-def config_problem(values: dict, name: Callable[[str], str] = str) -> str | None:
-    """Why these switch values make no model, in one line naming each field through `name` (the trainer passes
-    its flags' names), or None when they do."""
-    c = with_implied(values)
+def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str) -> str | None:
+    """Why these switch values (with_implied's) make no model, in one line naming each field through
+    `name` (the trainer passes its flags' names), or None when they do."""
     for s in SWITCHES:
         value = getattr(c, s.name)
         if s.choices and value not in s.choices:
@@ -213,11 +212,12 @@ class MiniMindConfig(PretrainedConfig):
         given = {s.name: kwargs.pop(s.name) for s in SWITCHES if s.name in kwargs}
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size}")
-        if problem := config_problem(given):
+        switches = with_implied(given)
+        if problem := config_problem(switches):
             raise ValueError(problem)
-        values = vars(with_implied(given)) | dict(vocab_size=vocab_size, rope_theta=rope_theta,
-                                                  max_position_embeddings=max_position_embeddings,
-                                                  initializer_range=initializer_range)
+        values = vars(switches) | dict(vocab_size=vocab_size, rope_theta=rope_theta,
+                                       max_position_embeddings=max_position_embeddings,
+                                       initializer_range=initializer_range)
         for field, value in values.items():
             setattr(self, field, value)
         # SwiGLU has three matrices instead of two, so 8/3*hidden keeps the FFN's parameter count at

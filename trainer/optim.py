@@ -52,41 +52,20 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float, norm_weigh
 
 
 class MuonWithAdamW:
-    """Muon and AdamW driven as the loop drives AdamW alone: param_groups lists both (for the schedule and
-    the GradScaler); zero_grad() and state_dict() cover both."""
+    """Muon and AdamW driven as the loop drives AdamW alone: param_groups lists both (for the schedule
+    and the GradScaler); step(), zero_grad() and state_dict() cover both."""
 
     def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW):
         self.muon, self.adamw = muon, adamw
-        # the zeros Muon would create at its first step, made now so that step_unless can always save them
-        for p in self.muon_params():
-            self.muon.state[p]["momentum_buffer"] = torch.zeros_like(p)
-        self.saved = [torch.empty_like(t) for t in self.muon_tensors()]
 
     @property
     def param_groups(self) -> list[dict]:
         # read afresh each time: load_state_dict replaces each optimizer's group dicts
         return self.adamw.param_groups + self.muon.param_groups
 
-    def muon_params(self) -> list[torch.Tensor]:
-        return [p for group in self.muon.param_groups for p in group["params"]]
-
-    def muon_tensors(self) -> list[torch.Tensor]:
-        """What a Muon step changes: its parameters and their momentum buffers."""
-        params = self.muon_params()
-        return params + [self.muon.state[p]["momentum_buffer"] for p in params]
-
-    def step_unless(self, skip: torch.Tensor) -> None:
-        """Both steps, undone on the device where skip is true. Muon has no skip flag, and neither a zeroed
-        gradient (momentum and decay still move the weights) nor a zero lr (the momentum still changes) would
-        do: its tensors are copied before the step and selected back with torch.where, bit for bit."""
-        step_unless(self.adamw, skip)
-        tensors = self.muon_tensors()
-        with torch.no_grad():
-            for saved, t in zip(self.saved, tensors, strict=True):
-                saved.copy_(t)
-            self.muon.step()
-            for saved, t in zip(self.saved, tensors, strict=True):
-                t.copy_(torch.where(skip, saved, t))
+    def step(self) -> None:
+        self.adamw.step()
+        self.muon.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.adamw.zero_grad(set_to_none)
@@ -106,13 +85,3 @@ def lr_at(step: int, max_steps: int, lr: float, min_lr: float, warmup_steps: int
         return lr * (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def step_unless(optimizer: "torch.optim.AdamW | MuonWithAdamW", skip: torch.Tensor) -> None:
-    """optimizer.step(), a no-op on the device where skip (a 0-d bool tensor) is true: no host read."""
-    if isinstance(optimizer, MuonWithAdamW):
-        return optimizer.step_unless(skip)
-    # fused AdamW takes the GradScaler's found_inf flag: set, it leaves weights, moments and step alone
-    optimizer.found_inf = skip.float()
-    optimizer.step()
-    del optimizer.found_inf

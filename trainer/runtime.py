@@ -79,6 +79,18 @@ class StopFlag:
             signal.signal(sig, handler)
 
 
+def rng_state() -> dict:
+    """The RNG states a checkpoint carries (CUDA's once CUDA is in use), for an exact resume."""
+    cuda = {"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_initialized() else {}
+    return {"torch": torch.get_rng_state()} | cuda
+
+
+def restore_rng(rng: dict) -> None:
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+
+
 def to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
     """A batch on the device; on CUDA pinned first, so that its copy is queued like a kernel."""
     pin = device.type == "cuda"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from common.cli import first_line
+from common.fs import write_atomically
 
 
 def compact(value, digits: int = 5):
@@ -89,3 +90,11 @@ def read_metrics(path: Path) -> list[dict]:
         with contextlib.suppress(json.JSONDecodeError):
             records.append(json.loads(line))
     return [r for r in records if isinstance(r, dict) and "step" in r and "split" in r]
+
+
+def keep_records_up_to(path: Path, step: int) -> None:
+    """On --resume, drop the records logged after the checkpoint's step: those steps train again. The
+    file is written afresh, so that a link planted at its path (dangling, too) is replaced, never
+    written through."""
+    records = read_metrics(path) if path.is_file() else []
+    write_atomically(path, "".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))

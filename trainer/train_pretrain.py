@@ -5,6 +5,7 @@ load the data, start or resume, open the metrics, the loop, the summary."""
 import json
 import math
 import os
+import pickle
 import shlex
 import statistics
 import sys
@@ -26,17 +27,18 @@ from common.cli import UserError, first_line, run_cli
 from common.environment import environment
 from common.fs import write_atomically
 from data import BatchSampler, PackedTokens, bits_per_byte, load_tokenizer, prepare_split
-from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
+from data.tokenizer import tokenizer_fingerprint
+from model import SWITCHES, MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.names import VARIANT_SWITCHES
 from model.norms import NORM_MODULES
-from trainer import checkpoint
-from trainer.args import arch_fields, final_lr, parse_args
+from trainer import checkpoint, runtime
+from trainer.args import MUST_MATCH, RunConfig, final_lr, parse_args
 from trainer.diagnostics import block_grad_norms, flops_per_token, layer_stats, peak_flops, peak_memory_mb
 from trainer.evaluation import evaluate, learned_nothing, plateaued, unigram_loss
-from trainer.optim import MuonWithAdamW, build_optimizer, lr_at, step_unless
+from trainer.optim import MuonWithAdamW, build_optimizer, lr_at
 from trainer.plots import plot_layer_profiles
 from trainer.runtime import StopFlag, autocast, resolve_dtype, setup_distributed, to_device
-from trainer.tracking import Tracker, read_metrics
+from trainer.tracking import Tracker, keep_records_up_to, read_metrics
 
 # A run can diverge with finite numbers: the loss climbs to thousands of nats, or falls back to no better than
 # a unigram model once the logits ignore the input. A blow-up is measured from the larger of ln V and the
@@ -60,7 +62,8 @@ def val_divergence(loss: float, step: int, start: float, lowest: float, unigram:
     lowest validation loss before it."""
     if not math.isfinite(loss):  # finite weights whose forward overflows
         return f"the validation loss was {loss} at step {step}"
-    if reference := blown_up(loss, start, vocab_size):
+    reference = blown_up(loss, start, vocab_size)
+    if reference:
         return f"the validation loss blew up to {loss:.4g} at step {step}, {reference}"
     if learned_nothing(loss, unigram) and not learned_nothing(lowest, unigram):
         return (f"the validation loss collapsed to {loss:.4f} at step {step}, no better than a unigram "
@@ -70,9 +73,9 @@ def val_divergence(loss: float, step: int, start: float, lowest: float, unigram:
 
 @dataclass
 class Job:
-    """What holds for the whole run: the flags, this process's place, its device and precision, the data, and
-    the model's sizes and cost per step (set once it is built)."""
-    args: object
+    """What holds for the whole run: the resolved flags, this process's place, its device and
+    precision, the data, and the model's sizes and cost per step (set once it is built)."""
+    args: RunConfig
     rank: int
     world_size: int
     device: torch.device
@@ -80,7 +83,7 @@ class Job:
     tokenizer: object
     train: PackedTokens | None = None
     val: PackedTokens | None = None
-    fingerprint: dict | None = None  # checkpoint.data_fingerprint: what --resume compares
+    fingerprint: dict | None = None  # the tokenizer and the splits' checksums: what --resume compares
     unigram: float = math.inf  # a context-free model's validation loss: a run no better learned nothing
     num_params: int = 0
     tokens_per_step: int = 0
@@ -119,7 +122,9 @@ class TrainState:
     last_val: dict | None = None
 
 
-RESUMED = ("step", "train_time", "start_loss", "lowest_val")  # TrainState fields a checkpoint carries by name
+STATE_FILE = "training_state.pt"  # in each step folder, beside the model folder's files
+RESUMED = ("step", "train_time", "start_loss", "lowest_val")  # TrainState fields a checkpoint carries
+STATE_KEYS = (*RESUMED, "optimizer", "scaler", "sampler", "wandb_run_id", "args", "data", "rng")
 
 
 @contextmanager
@@ -135,9 +140,9 @@ def out_of_memory_in_one_line():
                         "--hidden_size or --num_hidden_layers") from None
 
 
-def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
-    """The model the flags ask for, checked before any data is touched; its context is --max_seq_len."""
-    return MiniMindConfig(**arch_fields(args, device), vocab_size=len(tokenizer),
+def model_config(args: RunConfig, tokenizer) -> MiniMindConfig:
+    """The model the flags ask for; its context is --max_seq_len."""
+    return MiniMindConfig(**args.arch, vocab_size=len(tokenizer),
                           max_position_embeddings=args.max_seq_len, eos_token_id=tokenizer.eos_token_id,
                           pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id)
 
@@ -153,7 +158,7 @@ def train(args) -> dict:
     hf_logging.disable_progress_bar()  # save_pretrained's "Writing model shards" bar would bury the log
     job = Job(args, rank, world_size, device, resolve_dtype(args.dtype, device),
               load_tokenizer(args.tokenizer_path), started=time.perf_counter())
-    config = None if args.resume else model_config(args, job.tokenizer, device)
+    config = None if args.resume else model_config(args, job.tokenizer)
     lock = checkpoint.claim(job.out_dir, args.resume, args.overwrite) if job.master else None
     try:
         with out_of_memory_in_one_line():
@@ -171,7 +176,8 @@ def train(args) -> dict:
 def load_data(job: Job) -> None:
     """The tokenized splits (one process per machine tokenizes and caches first, the others then read its
     cache), their fingerprint and the unigram loss."""
-    args, first = job.args, job.world_size == 1 or int(os.environ["LOCAL_RANK"]) == 0
+    args = job.args
+    first = job.world_size == 1 or int(os.environ["LOCAL_RANK"]) == 0
     if not first:
         dist.barrier()
     job.train, job.val = (prepare_split(args.data_path, split, job.tokenizer, args.text_field,
@@ -181,7 +187,8 @@ def load_data(job: Job) -> None:
         dist.barrier()
     for split in (job.train, job.val):  # a split too short for one window fails now, not at the first batch
         BatchSampler(split.tokens, 1, args.max_seq_len)
-    job.fingerprint = checkpoint.data_fingerprint(job.tokenizer, job.train, job.val)
+    splits = {s.split: {"num_tokens": s.num_tokens, "sha256": s.sha256} for s in (job.train, job.val)}
+    job.fingerprint = {"tokenizer": tokenizer_fingerprint(job.tokenizer), **splits}
     job.unigram = unigram_loss(job.train.tokens, job.val.tokens, len(job.tokenizer))
 
 
@@ -191,8 +198,8 @@ def start_or_resume(job: Job, config: MiniMindConfig | None) -> TrainState:
     sampler = BatchSampler(job.train.tokens, args.batch_size, args.max_seq_len, seed=args.seed, rank=job.rank,
                            world_size=job.world_size)
     if args.resume:
-        raw_model, saved = checkpoint.load_checkpoint(job.out_dir)
-        checkpoint.check_resumable(saved, raw_model.config, args, job.fingerprint, job.world_size)
+        _, (raw_model, saved) = checkpoint.load_newest(job.out_dir, load_step)
+        check_resumable(job, saved, raw_model.config)
     else:
         torch.manual_seed(args.seed)
         raw_model, saved = MiniMindForCausalLM(config), None
@@ -209,7 +216,7 @@ def start_or_resume(job: Job, config: MiniMindConfig | None) -> TrainState:
         for name in RESUMED:
             setattr(state, name, saved[name])
         state.run_id = saved["wandb_run_id"]
-        checkpoint.restore_rng(saved["rng"])
+        runtime.restore_rng(saved["rng"])
     if args.compile:
         state.model = torch.compile(raw_model)
     if job.world_size > 1:
@@ -221,16 +228,58 @@ def start_or_resume(job: Job, config: MiniMindConfig | None) -> TrainState:
     job.step_flops = flops_per_token(job.num_params, cfg.num_hidden_layers, cfg.hidden_size,
                                      args.max_seq_len) * job.tokens_per_step
     peak = peak_flops(job.device, job.dtype)
-    job.peak_flops = peak and peak * job.world_size
+    job.peak_flops = None if peak is None else peak * job.world_size
     return state
+
+
+def load_step(folder: Path) -> tuple[MiniMindForCausalLM, dict]:
+    """--resume's reader of one step folder: the model (float32) and the training state, which is
+    read with weights_only, so that a state that would run code when unpickled is refused."""
+    model = MiniMindForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    try:
+        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        state = {}
+    if not set(STATE_KEYS) <= state.keys():
+        raise UserError(f"--resume: {folder} holds a training state this trainer does not read (an "
+                        "older version's, or one that would run code); eval_llm.py reads its weights, "
+                        "and a new --out_dir (or --overwrite) starts a new run")
+    return model, state
+
+
+def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
+    """Refuse, in one line, a --resume whose resolved flags would not continue the checkpoint's run:
+    another value of a flag of MUST_MATCH (trainer/args.py) or of the architecture, other data or
+    tokenizer, or another number of processes."""
+    args = job.args
+    recorded = saved["args"]
+    for name in MUST_MATCH:
+        if recorded[name] != getattr(args, name):
+            raise UserError(f"--resume: the checkpoint was trained with --{name} {recorded[name]}, not "
+                            f"{getattr(args, name)}; pass the same value, or start a new --out_dir")
+    arch = args.arch
+    for switch in SWITCHES:  # None: derived from the other switches, as the checkpoint's was
+        if arch[switch.name] is not None and arch[switch.name] != getattr(config, switch.name):
+            raise UserError(f"--resume: the checkpoint's model has --{switch.flag_name} "
+                            f"{getattr(config, switch.name)}, not {arch[switch.name]}; pass the same, "
+                            "or start a new --out_dir")
+    for part in ("tokenizer", "train", "validation"):
+        if saved["data"][part] != job.fingerprint[part]:
+            what = part if part == "tokenizer" else f"{part} split"
+            raise UserError(f"--resume: the {what} is not the checkpoint's; pass the original "
+                            "--data_path and --tokenizer_path, or start a new --out_dir")
+    if len(saved["sampler"]) != job.world_size:
+        raise UserError(f"--resume: the checkpoint was written by {len(saved['sampler'])} processes, "
+                        f"not {job.world_size}; resume with the same number of processes")
 
 
 def open_tracking(job: Job, state: TrainState) -> Tracker:
     """Rank 0: the metrics file (on --resume without the records past the checkpoint) and wandb, with the
     variant and each of its fields as tags to filter a study by; and the line saying what trains where."""
-    args, cfg = job.args, state.raw_model.config
+    args = job.args
+    cfg = state.raw_model.config
     if args.resume:
-        checkpoint.keep_metrics_up_to(job.out_dir / "metrics.jsonl", state.step)
+        keep_records_up_to(job.out_dir / "metrics.jsonl", state.step)
     variant, dtype = norm_variant(cfg), str(job.dtype).removeprefix("torch.")
     config = vars(args) | {"num_params": job.num_params, "world_size": job.world_size, "dtype": dtype,
                            "data": job.fingerprint}
@@ -249,93 +298,70 @@ def open_tracking(job: Job, state: TrainState) -> Tracker:
 
 
 def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
-    """Train to --max_steps, logging, evaluating and saving on their intervals; stop early, after saving, when
-    asked to (SIGTERM, Ctrl-C), or when the run diverges (state.step is then the last good step)."""
-    args, device, model, raw = job.args, job.device, state.model, state.raw_model
-    stop, vocab_size, t0 = StopFlag(), raw.config.vocab_size, time.perf_counter()
-    # The host reads the device only on steps that log, evaluate or save, so in between it queues work without
-    # waiting for a GPU: the losses sum up on the device, and so does the first step whose loss or gradient
-    # was non-finite (inf while none), from which on every update is skipped on the device.
-    first_bad = torch.full((), math.inf, device=device)
-    first_loss = torch.full((), math.nan, device=device)
-    window_loss, window_steps, window_start = torch.zeros((), device=device), 0, state.train_time
+    """Train to --max_steps, logging, evaluating and saving on their intervals. Only on those steps
+    does the host read the device: there it checks that the loss and the weights are finite and, if
+    not, stops before saving, so that a diverged run's last checkpoint is a good one. It stops after
+    saving when asked to (SIGTERM, Ctrl-C), or when an evaluation shows the run diverged."""
+    args = job.args
+    raw = state.raw_model
+    stop = StopFlag()
+    t0 = time.perf_counter()
+    # the losses sum up on the device between the steps that read them: the host never waits
+    window_loss = torch.zeros((), device=job.device)
+    window_steps = 0
+    window_start = state.train_time
+    first_loss = torch.full((), math.nan, device=job.device)
     pbar = tqdm(total=args.max_steps, initial=state.step, disable=not job.master, desc="train")
 
-    def due(interval: int) -> bool:  # alike on every rank: all take part in the reductions of these steps
+    def due(interval: int) -> bool:  # alike on every rank: all take part in these steps' reductions
         return (state.step + 1) % interval == 0 or state.step + 1 == args.max_steps
 
     try:
         while state.step < args.max_steps:
-            lr = lr_at(state.step, args.lr_decay_steps or args.max_steps, args.learning_rate, final_lr(args),
-                       args.warmup_steps)
+            lr = lr_at(state.step, args.lr_decay_steps or args.max_steps, args.learning_rate,
+                       final_lr(args), args.warmup_steps)
             for group in state.optimizer.param_groups:
                 group["lr"] = lr
-            diag_now, eval_now, save_now = (due(args.diag_interval), due(args.eval_interval),
-                                            due(args.save_interval))
+            diag_now = due(args.diag_interval)
             log_now = due(args.log_interval) or diag_now
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(args.accumulation_steps):
-                x, y = to_device(next(state.sampler), device)
-                # DDP all-reduces the gradients on the last micro-step only; the others accumulate locally
-                last_micro = micro == args.accumulation_steps - 1
-                sync = nullcontext() if last_micro or job.world_size == 1 else model.no_sync()
-                with sync, job.mixed_precision:
-                    loss = model(input_ids=x, shift_labels=y).loss / args.accumulation_steps
-                state.scaler.scale(loss).backward()
-                loss_sum += loss.detach()
+            eval_now = due(args.eval_interval)
+            save_now = due(args.save_interval)
+            loss_sum, last_batch = micro_steps(job, state)
             state.scaler.unscale_(state.optimizer)
             layer_grads = block_grad_norms(raw.model.layers) if diag_now and job.master else None
             grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), args.grad_clip or math.inf)
-            # Divergence is a non-finite loss, or a non-finite gradient unless fp16's GradScaler is on: there
-            # an overflowing gradient is routine, the step is skipped and the scale lowered.
-            finite_grads = torch.isfinite(grad_norm)
-            finite = torch.isfinite(loss_sum) & (finite_grads | state.scaler.is_enabled())
-            first_bad = torch.where(~finite & first_bad.isinf(), state.step, first_bad)
-            step_unless(state.optimizer, first_bad.isfinite() | ~finite_grads)
-            if save_now or stop.requested:  # an update can overflow the weights from a finite gradient
-                weights_bad = ~torch.stack([p.isfinite().all() for p in raw.parameters()]).all()
-                first_bad = torch.where(weights_bad & first_bad.isinf(), state.step, first_bad)
+            state.scaler.step(state.optimizer)  # in fp16, skipped where the gradients overflowed
             state.scaler.update()
             state.optimizer.zero_grad(set_to_none=True)
             if state.step == 0:
                 first_loss = loss_sum
-            window_loss, window_steps, state.step = window_loss + loss_sum, window_steps + 1, state.step + 1
+            window_loss += loss_sum
+            window_steps += 1
+            state.step += 1
             pbar.update(1)
             if not (log_now or eval_now or save_now or (job.world_size == 1 and stop.requested)):
                 continue
-            # One small all-reduce of each kind, so that all ranks agree on when to stop (one that stopped
-            # alone would hang the others): losses and stop requests summed, the first bad step's minimum.
-            stops = torch.tensor(float(stop.requested), device=device)
-            summed = torch.stack([window_loss, stops, first_loss])
-            earliest_bad = first_bad.clone()
-            if job.world_size > 1:
-                dist.all_reduce(summed)
-                dist.all_reduce(earliest_bad, op=dist.ReduceOp.MIN)
-            window_sum, stops, first_sum = summed.tolist()
-            mean_loss, state.interrupted = window_sum / job.world_size / window_steps, stops > 0
-            state.start_loss = state.start_loss or first_sum / job.world_size
             state.train_time += time.perf_counter() - t0
-            if math.isfinite(earliest_bad := earliest_bad.item()):
-                state.step = int(earliest_bad)  # the steps before it were done, the rest skipped
-                state.divergence = f"the loss, gradient or weights became non-finite at step {state.step + 1}"
+            mean_loss = agree(job, state, window_loss, window_steps, first_loss, stop)
+            if state.divergence:
                 break
-            if (spike := blown_up(mean_loss, state.start_loss, vocab_size)) and job.master:
-                tqdm.write(f"warning: the training loss spiked to {mean_loss:.4g} at step {state.step}, "
-                           f"{spike}; the run goes on (only an evaluation can stop it)", file=sys.stderr)
             if log_now and job.master:
                 tokens_per_s = window_steps * job.tokens_per_step / (state.train_time - window_start)
                 tracker.log({"step": state.step, "split": "train", "loss": mean_loss, "lr": lr,
                              "grad_norm": grad_norm.item(), **speed_and_memory(job, tokens_per_s),
                              "train_time_s": state.train_time, "tokens": state.step * job.tokens_per_step,
                              # untimed: a no-grad forward of the last micro-batch at the updated weights
-                             **(layer_stats(raw, x, job.mixed_precision, layer_grads) if diag_now else {})})
+                             **(layer_stats(raw, last_batch, job.mixed_precision, layer_grads)
+                                if diag_now else {})})
                 pbar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:.0f}")
             if log_now:
-                window_loss, window_steps, window_start = torch.zeros((), device=device), 0, state.train_time
+                window_loss = torch.zeros((), device=job.device)
+                window_steps = 0
+                window_start = state.train_time
             if eval_now:
                 state.last_val = run_eval(job, state, tracker)
                 state.divergence = val_divergence(state.last_val["loss"], state.step, state.start_loss,
-                                                  state.lowest_val, job.unigram, vocab_size)
+                                                  state.lowest_val, job.unigram, raw.config.vocab_size)
                 state.lowest_val = min(state.lowest_val, state.last_val["loss"])
                 if state.divergence:  # finite, but no longer a model worth a checkpoint
                     break
@@ -347,6 +373,49 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
     finally:
         pbar.close()
         stop.restore()
+
+
+def micro_steps(job: Job, state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward over --accumulation_steps micro-batches: their summed loss, on the device,
+    and the last micro-batch's inputs (for the per-block diagnostics)."""
+    steps = job.args.accumulation_steps
+    loss_sum = torch.zeros((), device=job.device)
+    for micro in range(steps):
+        x, y = to_device(next(state.sampler), job.device)
+        # DDP all-reduces the gradients on the last micro-step only; the others accumulate locally
+        last_micro = micro == steps - 1
+        sync = nullcontext() if last_micro or job.world_size == 1 else state.model.no_sync()
+        with sync, job.mixed_precision:
+            loss = state.model(input_ids=x, shift_labels=y).loss / steps
+        state.scaler.scale(loss).backward()
+        loss_sum += loss.detach()
+    return loss_sum, x
+
+
+def agree(job: Job, state: TrainState, window_loss: torch.Tensor, window_steps: int,
+          first_loss: torch.Tensor, stop: StopFlag) -> float:
+    """One all-reduce on a step that reads the device, so that every rank stops at the same step (one
+    that stopped alone would hang the others): the mean training loss, the first step's, the stop
+    requests and any non-finite weight. Sets state.interrupted, state.start_loss and, where the loss
+    or a weight is not finite, state.divergence; returns the mean loss."""
+    weights_bad = ~torch.stack([p.isfinite().all() for p in state.raw_model.parameters()]).all()
+    requested = torch.tensor(float(stop.requested), device=job.device)
+    summed = torch.stack([window_loss, first_loss, requested, weights_bad.float()])
+    if job.world_size > 1:
+        dist.all_reduce(summed)
+    window_sum, first_sum, stops, bad = summed.tolist()
+    mean_loss = window_sum / job.world_size / window_steps
+    state.interrupted = stops > 0
+    if state.start_loss is None:
+        state.start_loss = first_sum / job.world_size
+    if bad or not math.isfinite(mean_loss):
+        state.divergence = f"the loss or the weights became non-finite by step {state.step}"
+        return mean_loss
+    spike = blown_up(mean_loss, state.start_loss, state.raw_model.config.vocab_size)
+    if spike and job.master:
+        tqdm.write(f"warning: the training loss spiked to {mean_loss:.4g} at step {state.step}, "
+                   f"{spike}; the run goes on (only an evaluation can stop it)", file=sys.stderr)
+    return mean_loss
 
 
 def speed_and_memory(job: Job, tokens_per_s: float) -> dict:
@@ -372,22 +441,31 @@ def run_eval(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
 
 
 def save(job: Job, state: TrainState, tracker: Tracker | None) -> None:
-    """A checkpoint at state.step, with every rank's sampler position so that each draws its own batches
-    on."""
+    """A checkpoint at state.step: the model folder and the training state, with every rank's sampler
+    position so that each draws its own batches on."""
     samplers = [state.sampler.state_dict()] * job.world_size
     if job.world_size > 1:
         dist.all_gather_object(samplers, state.sampler.state_dict())
-    if job.master:
-        checkpoint.save_checkpoint(job.out_dir, state.raw_model, job.tokenizer, {
-            **{name: getattr(state, name) for name in RESUMED}, "optimizer": state.optimizer.state_dict(),
-            "scaler": state.scaler.state_dict(), "sampler": samplers, "wandb_run_id": tracker.run_id,
-            "args": vars(job.args), "data": job.fingerprint}, job.args.keep_checkpoints)
+    if not job.master:
+        return
+    training_state = {name: getattr(state, name) for name in RESUMED} | {
+        "optimizer": state.optimizer.state_dict(), "scaler": state.scaler.state_dict(),
+        "sampler": samplers, "wandb_run_id": tracker.run_id, "args": vars(job.args),
+        "data": job.fingerprint, "rng": runtime.rng_state()}
+
+    def write(folder: Path) -> None:
+        state.raw_model.save_pretrained(folder)
+        job.tokenizer.save_pretrained(folder)
+        torch.save(training_state, folder / STATE_FILE)
+
+    checkpoint.save(job.out_dir, state.step, write, job.args.keep_checkpoints)
 
 
 def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     """Every rank returns the outcome (the same on all); rank 0 adds the numbers, writes summary.json, draws
     the per-layer figure and prints the closing line."""
-    args, cfg = job.args, state.raw_model.config
+    args = job.args
+    cfg = state.raw_model.config
     summary = {"step": state.step, "max_steps": args.max_steps, "diverged": state.divergence is not None,
                "divergence": state.divergence, "interrupted": state.interrupted}
     if not job.master:
@@ -401,9 +479,11 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     tokens_per_s = statistics.median(speeds) if speeds else None  # a window that compiled does not count
     summary |= {
         "train_loss": next((r["loss"] for r in reversed(records) if r["split"] == "train"), None),
-        "val_loss": last_val and last_val["loss"], "val_bpb": last_val and last_val["bpb"],
+        "val_loss": last_val["loss"] if last_val else None,
+        "val_bpb": last_val["bpb"] if last_val else None,
         "unigram_loss": job.unigram, "plateaued": not summary["diverged"] and plateaued(vals, job.unigram),
-        "tokens_per_s": tokens_per_s, "s_per_step": tokens_per_s and job.tokens_per_step / tokens_per_s,
+        "tokens_per_s": tokens_per_s,
+        "s_per_step": job.tokens_per_step / tokens_per_s if speeds else None,
         "train_time_s": state.train_time, "world_size": job.world_size, "num_params": job.num_params,
         "norm_params": sum(p.numel() for m in state.raw_model.modules() if isinstance(m, NORM_MODULES)
                            for p in m.parameters()),
