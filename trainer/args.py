@@ -1,5 +1,5 @@
-"""Every training flag in one place: its default, its type (argparse checks the value) and whether it must
-match on --resume. The trainer and the ablation runner share it."""
+"""Every training flag in one place: its default, its type (argparse checks the value) and whether
+it must match on --resume. The trainer and the ablation runner share it."""
 
 import argparse
 
@@ -9,24 +9,27 @@ from model.model_minimind import config_problem, with_implied
 from trainer.optim import OPTIMIZERS
 from trainer.runtime import pick_device
 
-# Defaults that depend on the device. The no-flag CPU run finishes in minutes on 2 cores: a narrower model,
-# and the batch, steps and lr that won a sweep (docs/training.md). CUDA: MiniMind2-small, 128 x 256 tokens per
-# GPU per micro-step, one pass over the embedded corpus (docs/gpu.md). diag_interval None: --log_interval.
+# Defaults that depend on the device. The no-flag CPU run finishes in minutes on 2 cores: a narrower
+# model, and the batch, steps and lr that won a sweep (docs/training.md). CUDA: MiniMind2-small, 128
+# x 256 tokens per GPU per micro-step, one pass over the embedded corpus (docs/gpu.md).
+# diag_interval None: --log_interval.
 DEVICE_DEFAULTS = {
     "cpu": {"hidden_size": 128, "batch_size": 8, "max_steps": 760, "learning_rate": 6e-3, "warmup_steps": 100,
             "diag_interval": None},
     "cuda": {"hidden_size": 512, "batch_size": 128, "max_steps": 50, "learning_rate": 3e-3,
              "warmup_steps": 10, "diag_interval": 100},
 }
-# Flags a --resume must repeat: they fix what the run computes (the architecture is compared with the
-# checkpoint's model, the data by its fingerprint). Lr, schedule and intervals may change, to train further.
+# Flags a --resume must repeat: they fix what the run computes (the architecture is compared with
+# the checkpoint's model, the data by its fingerprint). Lr, schedule and intervals may change, to
+# train further.
 MUST_MATCH = ("max_seq_len", "optimizer", "batch_size", "accumulation_steps", "weight_decay",
               "norm_weight_decay", "seed")
 # Flags that never change what a run computes: a study may vary them and still reuse a finished run.
 BOOKKEEPING = ("out_dir", "resume", "overwrite", "keep_checkpoints", "no_layers_plot", "num_proc",
                "dist_timeout", "use_wandb", "wandb_project", "wandb_run_name", "wandb_group",
                "wandb_job")
-# What a run is to its study (a wandb tag): a plain run, a point of an lr grid, another seed at the chosen lr.
+# What a run is to its study (a wandb tag): a plain run, a point of an lr grid, another seed at the
+# chosen lr.
 WANDB_JOBS = ("run", "grid", "seed")
 
 
@@ -51,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "pre-rmsnorm, post-layernorm, pre+qk_head-rmsnorm, peri+qkv-rmsnorm, rezero, "
                        "nanochat, ...")
     for switch in SWITCHES:
-        names = [f"--{switch.name}"] + ([f"--{switch.flag}"] if switch.flag else [])  # --norm_type, --norm
+        # --norm_type, --norm
+        names = [f"--{switch.name}"] + ([f"--{switch.flag}"] if switch.flag else [])
         if switch.type is bool:
             model.add_argument(*names, action="store_true", dest=switch.flag_name, help=switch.help)
         else:  # the width stays unset here: the device decides it
@@ -95,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--save_interval", type=positive_int, default=200, help="steps between checkpoints")
     fresh = run.add_mutually_exclusive_group()
     fresh.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that loads")
-    fresh.add_argument("--overwrite", action="store_true", help="discard the run in --out_dir, start afresh")
+    fresh.add_argument("--overwrite", action="store_true", help="discard the run in --out_dir and start "
+                       "afresh: only in a folder the trainer made (it holds .lock), and only its step-N "
+                       "folders, metrics, summary, layers.png and wandb/")
     run.add_argument("--keep_checkpoints", type=positive_int, default=2, help="newest checkpoints to keep")
     run.add_argument("--no_layers_plot", action="store_true", help="skip layers.png at the end")
     run.add_argument("--num_proc", type=positive_int, help="tokenizer processes (default: the usable cores)")
@@ -124,7 +130,8 @@ class RunConfig(argparse.Namespace):
 
     @property
     def arch(self) -> dict:
-        """The model config's fields: the switches, the width from the device's defaults when unset."""
+        """The model config's fields: the switches, the width from the device's defaults when
+        unset."""
         fields = {switch.name: getattr(self, switch.flag_name) for switch in SWITCHES}
         return fields | {"hidden_size": self.hidden_size or device_defaults(self.device)["hidden_size"]}
 
@@ -140,8 +147,9 @@ def final_lr(args: argparse.Namespace) -> float:
 
 def resolve(args: argparse.Namespace) -> RunConfig:
     """The flags as the run reads them: the device's defaults (DEVICE_DEFAULTS) for those unset, and
-    the switches the placement implies (with_implied); the width stays unset, so that a run's recorded
-    flags keep their meaning. What argparse cannot check alone is one line naming the flag."""
+    the switches the placement implies (with_implied); the width stays unset, so that a run's
+    recorded flags keep their meaning. What argparse cannot check alone is one line naming the
+    flag."""
     values = dict(vars(args))
     defaults = device_defaults(args.device)
     for name, value in defaults.items():
@@ -178,7 +186,8 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
             fields |= variant_fields(args.variant)
         except ValueError as err:
             raise UserError(f"--{err}") from None
-    for action in parser._actions:  # what the command line gives itself wins over preset and variant
+    # what the command line gives itself wins over preset and variant
+    for action in parser._actions:
         action.default = argparse.SUPPRESS
     given = vars(parser.parse_args(argv))
     for switch in SWITCHES:

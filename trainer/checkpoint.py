@@ -38,9 +38,9 @@ def step_folders(out_dir: Path) -> list[Path]:
 
 
 def claim(out_dir: Path, resume: bool, overwrite: bool) -> int:
-    """Take out_dir for this run and return the descriptor that holds it (the claim lasts while it is
-    open). Refused in one line: a folder another trainer holds, a fresh run's non-empty folder without
-    --overwrite, and an --overwrite of a folder that is no run of this trainer (it has no .lock)."""
+    """Take out_dir for this run; return the descriptor that holds it (while it is open). Refused in
+    one line: a folder another trainer holds, a fresh run's used folder without --overwrite, and
+    an --overwrite of a folder that is no run of this trainer (it has no .lock)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     ours = (out_dir / ".lock").exists()
     fd = os.open(out_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -99,8 +99,8 @@ def save(out_dir: Path, step: int, write: Callable[[Path], None], keep: int) -> 
 
 
 def out_of_space(err: Exception) -> bool:
-    """A write refused for want of space: as the OS says it, as safetensors words it, or as torch.save's
-    zip writer reports the short write it got ('unexpected pos')."""
+    """A write refused for want of space: as the OS says it, as safetensors words it, or as
+    torch.save's zip writer reports the short write it got ('unexpected pos')."""
     full = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
     return full or any(words in str(err) for words in ("No space left", "unexpected pos"))
 
@@ -116,8 +116,8 @@ def fsync(path: Path) -> None:
 def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, object]:
     """(model folder, load(model folder)) for a model folder (it has config.json) or a run folder,
     whose step folders are tried newest first: one that fails to load is named in a warning and the
-    one before it tried. load raises UserError to refuse what it was given; any other error means the
-    folder is damaged."""
+    one before it tried. load raises UserError to refuse what it was given; any other error means
+    the folder is damaged."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: no such folder; pass the trainer's --out_dir or a model folder")

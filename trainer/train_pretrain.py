@@ -1,6 +1,6 @@
-"""Pretrain a MiniMind decoder: one process, or many under torchrun (DDP). Top to bottom: the divergence
-rules, the run's state, then train() (which the ablation runner calls too) and the phases it calls in order:
-load the data, start or resume, open the metrics, the loop, the summary."""
+"""Pretrain a MiniMind decoder: one process, or many under torchrun (DDP). Top to bottom: the run's
+state, then train() (which the ablation runner calls too) and the phases it calls in order: load the
+data, start or resume, open the metrics, the loop, the summary."""
 
 import json
 import math
@@ -10,7 +10,7 @@ import shlex
 import statistics
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
-from common.cli import UserError, first_line, run_cli
+from common.cli import UserError, run_cli
 from common.environment import environment
 from common.fs import write_atomically
 from data import BatchSampler, PackedTokens, bits_per_byte, load_tokenizer, prepare_split
@@ -34,41 +34,11 @@ from model.norms import NORM_MODULES
 from trainer import checkpoint, runtime
 from trainer.args import MUST_MATCH, RunConfig, final_lr, parse_args
 from trainer.diagnostics import block_grad_norms, flops_per_token, layer_stats, peak_flops, peak_memory_mb
-from trainer.evaluation import evaluate, learned_nothing, plateaued, unigram_loss
+from trainer.evaluation import blown_up, evaluate, plateaued, unigram_loss, val_divergence
 from trainer.optim import MuonWithAdamW, build_optimizer, lr_at
 from trainer.plots import plot_layer_profiles
 from trainer.runtime import StopFlag, autocast, resolve_dtype, setup_distributed, to_device
 from trainer.tracking import Tracker, keep_records_up_to, read_metrics
-
-# A run can diverge with finite numbers: the loss climbs to thousands of nats, or falls back to no better than
-# a unigram model once the logits ignore the input. A blow-up is measured from the larger of ln V and the
-# run's first loss (deepnorm without a norm starts near 3,200 nats and trains down). Only evaluations decide:
-# runs come back from a training spike, which is reported, not fatal (docs/training.md).
-BLOW_UP = 2  # a loss above BLOW_UP x that: far worse than where it started
-
-
-def blown_up(loss: float, start: float, vocab_size: int) -> str | None:
-    """'more than 2x <reference>' when a finite loss is far above where the run started; None otherwise."""
-    uniform = math.log(vocab_size)
-    if loss <= BLOW_UP * max(start, uniform):
-        return None
-    return f"more than {BLOW_UP}x " + (f"its first loss ({start:.4g})" if start > uniform else
-                                       f"the loss of a uniform guess (ln {vocab_size} = {uniform:.3f})")
-
-
-def val_divergence(loss: float, step: int, start: float, lowest: float, unigram: float,
-                   vocab_size: int) -> str | None:
-    """How a validation loss shows the run diverged, in words; None while it is healthy. `lowest` is the
-    lowest validation loss before it."""
-    if not math.isfinite(loss):  # finite weights whose forward overflows
-        return f"the validation loss was {loss} at step {step}"
-    reference = blown_up(loss, start, vocab_size)
-    if reference:
-        return f"the validation loss blew up to {loss:.4g} at step {step}, {reference}"
-    if learned_nothing(loss, unigram) and not learned_nothing(lowest, unigram):
-        return (f"the validation loss collapsed to {loss:.4f} at step {step}, no better than a unigram "
-                f"model's ({unigram:.3f}), after it had been down to {lowest:.3f}")
-    return None
 
 
 @dataclass
@@ -83,11 +53,13 @@ class Job:
     tokenizer: object
     train: PackedTokens | None = None
     val: PackedTokens | None = None
-    fingerprint: dict | None = None  # the tokenizer and the splits' checksums: what --resume compares
-    unigram: float = math.inf  # a context-free model's validation loss: a run no better learned nothing
+    # the tokenizer and the splits' checksums: what --resume compares
+    fingerprint: dict | None = None
+    # a context-free model's validation loss: a run no better learned nothing
+    unigram: float = math.inf
     num_params: int = 0
     tokens_per_step: int = 0
-    step_flops: float = 0.0
+    flops_per_token: float = 0.0
     peak_flops: float | None = None  # of all the devices together; None where unknown (no MFU then)
     started: float = 0.0  # time.perf_counter() at the start, for the elapsed times printed
 
@@ -98,6 +70,9 @@ class Job:
     @property
     def out_dir(self) -> Path:
         return Path(self.args.out_dir)
+
+    def mfu(self, tokens_per_s: float) -> float | None:  # model FLOPs utilization, where known
+        return None if self.peak_flops is None else tokens_per_s * self.flops_per_token / self.peak_flops
 
     @property
     def mixed_precision(self):
@@ -114,7 +89,8 @@ class TrainState:
     sampler: BatchSampler
     step: int = 0
     train_time: float = 0.0  # seconds of training steps, without evaluations and saves
-    start_loss: float | None = None  # the first step's loss (all ranks' mean), read at the first sync
+    # the first step's loss (all ranks' mean), read at the first sync
+    start_loss: float | None = None
     lowest_val: float = math.inf  # the lowest validation loss so far (see val_divergence)
     run_id: str | None = None  # the wandb run a resumed run continues
     divergence: str | None = None  # how the run diverged, in words; None while it has not
@@ -123,47 +99,29 @@ class TrainState:
 
 
 STATE_FILE = "training_state.pt"  # in each step folder, beside the model folder's files
-RESUMED = ("step", "train_time", "start_loss", "lowest_val")  # TrainState fields a checkpoint carries
+# TrainState fields a checkpoint carries
+RESUMED = ("step", "train_time", "start_loss", "lowest_val")
 STATE_KEYS = (*RESUMED, "optimizer", "scaler", "sampler", "wandb_run_id", "args", "data", "rng")
 
 
-@contextmanager
-def out_of_memory_in_one_line():
-    """torch's own allocator errors (CUDA's OutOfMemoryError, the CPU allocator's) as one line."""
-    try:
-        yield
-    except (torch.OutOfMemoryError, RuntimeError) as err:
-        if not isinstance(err, torch.OutOfMemoryError) and "can't allocate memory" not in str(err):
-            raise
-        raise UserError(f"the model or a training step does not fit in memory ({first_line(err)}); lower "
-                        "--batch_size (raising --accumulation_steps keeps the tokens per step), "
-                        "--hidden_size or --num_hidden_layers") from None
-
-
-def model_config(args: RunConfig, tokenizer) -> MiniMindConfig:
-    """The model the flags ask for; its context is --max_seq_len."""
-    return MiniMindConfig(**args.arch, vocab_size=len(tokenizer),
-                          max_position_embeddings=args.max_seq_len, eos_token_id=tokenizer.eos_token_id,
-                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id)
-
-
 def train(args) -> dict:
-    """Run one training job and return its summary: the outcome on every rank, all the numbers on rank 0,
-    which writes them to out_dir/summary.json and holds out_dir meanwhile."""
+    """Run one training job and return its summary: the outcome on every rank, all the numbers on
+    rank 0, which writes them to out_dir/summary.json and holds out_dir meanwhile."""
     rank, world_size, device = setup_distributed(args.device, args.dist_timeout)
-    if device.type == "cpu":  # subnormals (a run stuck at a plateau) compute ~7x slower; docs/training.md
+    # subnormals (a run stuck at a plateau) compute ~7x slower; docs/training.md
+    if device.type == "cpu":
         torch.set_flush_denormal(True)
     else:  # peak_mem_mb is this run's, also when one process trains many (the ablation runner)
         torch.cuda.reset_peak_memory_stats(device)
-    hf_logging.disable_progress_bar()  # save_pretrained's "Writing model shards" bar would bury the log
+    # save_pretrained's "Writing model shards" bar would bury the log
+    hf_logging.disable_progress_bar()
     job = Job(args, rank, world_size, device, resolve_dtype(args.dtype, device),
               load_tokenizer(args.tokenizer_path), started=time.perf_counter())
-    config = None if args.resume else model_config(args, job.tokenizer)
     lock = checkpoint.claim(job.out_dir, args.resume, args.overwrite) if job.master else None
     try:
-        with out_of_memory_in_one_line():
+        with runtime.out_of_memory_in_one_line():
             load_data(job)
-            state = start_or_resume(job, config)
+            state = start_or_resume(job)
             tracker = open_tracking(job, state) if job.master else None
             with tracker or nullcontext():
                 train_loop(job, state, tracker)
@@ -174,8 +132,8 @@ def train(args) -> dict:
 
 
 def load_data(job: Job) -> None:
-    """The tokenized splits (one process per machine tokenizes and caches first, the others then read its
-    cache), their fingerprint and the unigram loss."""
+    """The tokenized splits (one process per machine tokenizes and caches first, the others then
+    read its cache), their fingerprint and the unigram loss."""
     args = job.args
     first = job.world_size == 1 or int(os.environ["LOCAL_RANK"]) == 0
     if not first:
@@ -185,16 +143,19 @@ def load_data(job: Job) -> None:
                           for split in ("train", "validation"))
     if first and job.world_size > 1:
         dist.barrier()
-    for split in (job.train, job.val):  # a split too short for one window fails now, not at the first batch
+    # a split too short for one window fails now, not at the first batch
+    for split in (job.train, job.val):
         BatchSampler(split.tokens, 1, args.max_seq_len)
     splits = {s.split: {"num_tokens": s.num_tokens, "sha256": s.sha256} for s in (job.train, job.val)}
     job.fingerprint = {"tokenizer": tokenizer_fingerprint(job.tokenizer), **splits}
     job.unigram = unigram_loss(job.train.tokens, job.val.tokens, len(job.tokenizer))
 
 
-def start_or_resume(job: Job, config: MiniMindConfig | None) -> TrainState:
-    """A fresh model, optimizer and sampler; or, with --resume, those of the newest checkpoint that loads."""
+def start_or_resume(job: Job) -> TrainState:
+    """A fresh model (its context --max_seq_len), optimizer and sampler; or, with --resume, those of
+    the newest checkpoint that loads."""
     args = job.args
+    tok = job.tokenizer
     sampler = BatchSampler(job.train.tokens, args.batch_size, args.max_seq_len, seed=args.seed, rank=job.rank,
                            world_size=job.world_size)
     if args.resume:
@@ -202,7 +163,10 @@ def start_or_resume(job: Job, config: MiniMindConfig | None) -> TrainState:
         check_resumable(job, saved, raw_model.config)
     else:
         torch.manual_seed(args.seed)
-        raw_model, saved = MiniMindForCausalLM(config), None
+        saved = None
+        raw_model = MiniMindForCausalLM(MiniMindConfig(
+            **args.arch, vocab_size=len(tok), max_position_embeddings=args.max_seq_len,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id))
     raw_model.to(job.device).train()
     optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay, args.norm_weight_decay,
                                 args.optimizer)
@@ -225,8 +189,8 @@ def start_or_resume(job: Job, config: MiniMindConfig | None) -> TrainState:
     cfg = raw_model.config
     job.num_params = sum(p.numel() for p in raw_model.parameters())
     job.tokens_per_step = args.batch_size * args.max_seq_len * args.accumulation_steps * job.world_size
-    job.step_flops = flops_per_token(job.num_params, cfg.num_hidden_layers, cfg.hidden_size,
-                                     args.max_seq_len) * job.tokens_per_step
+    job.flops_per_token = flops_per_token(job.num_params, cfg.num_hidden_layers, cfg.hidden_size,
+                                          args.max_seq_len)
     peak = peak_flops(job.device, job.dtype)
     job.peak_flops = None if peak is None else peak * job.world_size
     return state
@@ -274,13 +238,15 @@ def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
 
 
 def open_tracking(job: Job, state: TrainState) -> Tracker:
-    """Rank 0: the metrics file (on --resume without the records past the checkpoint) and wandb, with the
-    variant and each of its fields as tags to filter a study by; and the line saying what trains where."""
+    """Rank 0: the metrics file (on --resume without the records past the checkpoint) and wandb,
+    with the variant and each of its fields as tags to filter a study by; and the line saying what
+    trains where."""
     args = job.args
     cfg = state.raw_model.config
     if args.resume:
         keep_records_up_to(job.out_dir / "metrics.jsonl", state.step)
-    variant, dtype = norm_variant(cfg), str(job.dtype).removeprefix("torch.")
+    variant = norm_variant(cfg)
+    dtype = str(job.dtype).removeprefix("torch.")
     config = vars(args) | {"num_params": job.num_params, "world_size": job.world_size, "dtype": dtype,
                            "data": job.fingerprint}
     tags = [f"variant={variant}", f"layers={cfg.num_hidden_layers}", f"job={args.wandb_job}",
@@ -291,7 +257,8 @@ def open_tracking(job: Job, state: TrainState) -> Tracker:
           f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | {job.device} {dtype} "
           f"x{job.world_size} | train {job.train.num_tokens:,} tokens, val {job.val.num_tokens:,} tokens "
           f"({job.val.bytes_per_token:.2f} bytes/token)")
-    if job.train.bytes_per_token < 1.5:  # English gets about 3: e.g. Chinese text and the default tokenizer
+    # English gets about 3: e.g. Chinese text and the default tokenizer
+    if job.train.bytes_per_token < 1.5:
         print("warning: the tokenizer covers this corpus poorly (the model spends its capacity spelling out "
               "bytes); pass one trained on it, from scripts/train_tokenizer.py", file=sys.stderr)
     return tracker
@@ -348,9 +315,12 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
             if log_now and job.master:
                 tokens_per_s = window_steps * job.tokens_per_step / (state.train_time - window_start)
                 tracker.log({"step": state.step, "split": "train", "loss": mean_loss, "lr": lr,
-                             "grad_norm": grad_norm.item(), **speed_and_memory(job, tokens_per_s),
+                             "grad_norm": grad_norm.item(), "tokens_per_s": tokens_per_s,
+                             "mfu": job.mfu(tokens_per_s),
+                             "peak_mem_mb": peak_memory_mb(job.device),
                              "train_time_s": state.train_time, "tokens": state.step * job.tokens_per_step,
-                             # untimed: a no-grad forward of the last micro-batch at the updated weights
+                             # untimed: a no-grad forward of the last micro-batch at the updated
+                             # weights
                              **(layer_stats(raw, last_batch, job.mixed_precision, layer_grads)
                                 if diag_now else {})})
                 pbar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:.0f}")
@@ -376,8 +346,8 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
 
 
 def micro_steps(job: Job, state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward and backward over --accumulation_steps micro-batches: their summed loss, on the device,
-    and the last micro-batch's inputs (for the per-block diagnostics)."""
+    """Forward and backward over --accumulation_steps micro-batches: their summed loss, on the
+    device, and the last micro-batch's inputs (for the per-block diagnostics)."""
     steps = job.args.accumulation_steps
     loss_sum = torch.zeros((), device=job.device)
     for micro in range(steps):
@@ -394,10 +364,10 @@ def micro_steps(job: Job, state: TrainState) -> tuple[torch.Tensor, torch.Tensor
 
 def agree(job: Job, state: TrainState, window_loss: torch.Tensor, window_steps: int,
           first_loss: torch.Tensor, stop: StopFlag) -> float:
-    """One all-reduce on a step that reads the device, so that every rank stops at the same step (one
-    that stopped alone would hang the others): the mean training loss, the first step's, the stop
-    requests and any non-finite weight. Sets state.interrupted, state.start_loss and, where the loss
-    or a weight is not finite, state.divergence; returns the mean loss."""
+    """One all-reduce on a step that reads the device, so that every rank stops at the same step
+    (one that stopped alone would hang the others): the mean training loss, the first step's, the
+    stop requests and any non-finite weight. Sets state.interrupted, state.start_loss and, where the
+    loss or a weight is not finite, state.divergence; returns the mean loss."""
     weights_bad = ~torch.stack([p.isfinite().all() for p in state.raw_model.parameters()]).all()
     requested = torch.tensor(float(stop.requested), device=job.device)
     summed = torch.stack([window_loss, first_loss, requested, weights_bad.float()])
@@ -418,15 +388,9 @@ def agree(job: Job, state: TrainState, window_loss: torch.Tensor, window_steps: 
     return mean_loss
 
 
-def speed_and_memory(job: Job, tokens_per_s: float) -> dict:
-    """A training window's tokens/s, its model FLOPs utilization (where the device's peak is known) and the
-    peak memory so far."""
-    mfu = job.peak_flops and tokens_per_s * job.step_flops / job.tokens_per_step / job.peak_flops
-    return {"tokens_per_s": tokens_per_s, "mfu": mfu, "peak_mem_mb": peak_memory_mb(job.device)}
-
-
 def run_eval(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
-    """On every rank, each evaluating its share; rank 0 logs the loss and prints it above the progress bar."""
+    """On every rank, each evaluating its share; rank 0 logs the loss and prints it above the
+    progress bar."""
     args = job.args
     loss = evaluate(state.raw_model, job.val.tokens, args.batch_size, args.max_seq_len, args.eval_steps,
                     job.device, job.mixed_precision, rank=job.rank, world_size=job.world_size)
@@ -441,8 +405,8 @@ def run_eval(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
 
 
 def save(job: Job, state: TrainState, tracker: Tracker | None) -> None:
-    """A checkpoint at state.step: the model folder and the training state, with every rank's sampler
-    position so that each draws its own batches on."""
+    """A checkpoint at state.step: the model folder and the training state, with every rank's
+    sampler position so that each draws its own batches on."""
     samplers = [state.sampler.state_dict()] * job.world_size
     if job.world_size > 1:
         dist.all_gather_object(samplers, state.sampler.state_dict())
@@ -462,8 +426,8 @@ def save(job: Job, state: TrainState, tracker: Tracker | None) -> None:
 
 
 def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
-    """Every rank returns the outcome (the same on all); rank 0 adds the numbers, writes summary.json, draws
-    the per-layer figure and prints the closing line."""
+    """Every rank returns the outcome (the same on all); rank 0 adds the numbers, writes
+    summary.json, draws the per-layer figure and prints the closing line."""
     args = job.args
     cfg = state.raw_model.config
     summary = {"step": state.step, "max_steps": args.max_steps, "diverged": state.divergence is not None,
@@ -476,7 +440,8 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     last_val = state.last_val or next((r for r in reversed(records) if r["split"] == "val"), None)
     if speeds and not args.no_layers_plot:
         plot_layer_profiles({job.out_dir.name: records}, job.out_dir / "layers.png")
-    tokens_per_s = statistics.median(speeds) if speeds else None  # a window that compiled does not count
+    # a window that compiled does not count
+    tokens_per_s = statistics.median(speeds) if speeds else None
     summary |= {
         "train_loss": next((r["loss"] for r in reversed(records) if r["split"] == "train"), None),
         "val_loss": last_val["loss"] if last_val else None,
