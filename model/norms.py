@@ -18,8 +18,7 @@ class Norm(nn.Module):
     """What every norm type shares: its gain. With one_plus_w (norm_gain="one_plus_w") the gain is
     stored as w, starting at 0, and applied as 1 + w (Gemma 2/3, Qwen3-Next): the same function at
     init, but weight decay pulls the gain toward 1 instead of 0. As in Gemma that path computes in
-    float32 and casts to the input's dtype last; on float32 input it runs the plain path's ops, so w
-    = 0 is a gain of 1 bit for bit."""
+    float32 and casts to the input's dtype last; on float32 it runs the plain ops, w = 0 exact."""
 
     def __init__(self, one_plus_w: bool):
         super().__init__()
@@ -30,8 +29,7 @@ class Norm(nn.Module):
         return nn.Parameter(torch.full((dim,), 0.0 if self.one_plus_w else 1.0))
 
     def with_gain(self, x: torch.Tensor, formula: Callable) -> torch.Tensor:
-        """formula(x, gain) with the stored weight, or with one_plus_w on float32 x and 1 + w, cast
-        back."""
+        """formula(x, gain) with the weight, or (one_plus_w) on float32 x with 1 + w, cast back."""
         if self.one_plus_w:
             return formula(x.float(), 1 + self.weight.float()).to(x.dtype)
         return formula(x, self.weight)
@@ -39,16 +37,14 @@ class Norm(nn.Module):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps), the statistics in float32 (mean(x^2) over 512 bf16 values loses
-    most of its precision), rounded back to x's dtype before the weight multiplies, as in Llama;
-    compile fuses it on a GPU."""
+    most of its precision), rounded to x's dtype before the weight multiplies, as in Llama."""
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return y if weight is None else y * weight
 
 
 class RMSNorm(Norm):
-    """y = x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019); elementwise_affine=False: no
-    weight."""
+    """y = x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019); no weight if not affine."""
 
     def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True,
                  one_plus_w: bool = False):
@@ -62,8 +58,7 @@ class RMSNorm(Norm):
 
 class SSNorm(Norm):
     """Single-scale RMSNorm (OSP, Park et al. 2025): x / sqrt(mean(x^2) + eps) * g with ONE scalar
-    gain g, so no channel's gain can grow into an outlier; at g = 1 exactly RMSNorm with unit
-    gains."""
+    gain g, so no channel's gain can grow into an outlier; at g = 1 exactly unit-gain RMSNorm."""
 
     def __init__(self, eps: float = 1e-5, one_plus_w: bool = False):
         super().__init__(one_plus_w)
@@ -134,15 +129,12 @@ class SeeDNorm(Norm):
 
 @dataclass(frozen=True)
 class NormType:
-    """One entry of the norm registry: how to build a norm of this type for a slot, and what it
-    is."""
+    """One entry of the norm registry: how to build a norm of this type, and what it is."""
 
     build: Callable[[int, "MiniMindConfig"], nn.Module] | None  # (dim, config) -> a norm, or None
     help: str
-    # computes what HF's RMSNorm (Llama, Qwen3, OLMo 2) computes, gains included
-    hf_rmsnorm: bool = False
-    # has a learnable gain (which norm_gain='one_plus_w' stores as w, applied as 1 + w)
-    gain: bool = True
+    hf_rmsnorm: bool = False  # computes what HF's RMSNorm (Llama, Qwen3, OLMo 2) computes
+    gain: bool = True  # has a learnable gain (which norm_gain='one_plus_w' stores as w)
 
 
 def one_plus_w(cfg: "MiniMindConfig") -> bool:
@@ -166,8 +158,7 @@ NORM_TYPES = {
                          "[tanh(x . beta) * alpha + gain] * x / rms(x), a per-token gain (SeeDNorm, 2025)"),
     "none": NormType(None, "no normalization at all", gain=False),
 }
-# what counts as a norm (count_norms, the optimizer's groups, the trainer's count)
-NORM_MODULES = (Norm,)
+NORM_MODULES = (Norm,)  # what counts as a norm (count_norms, the optimizer's groups)
 
 
 def init_norm(module: nn.Module) -> None:
@@ -180,8 +171,7 @@ def init_norm(module: nn.Module) -> None:
 
 
 def make_norm(config: "MiniMindConfig", dim: int | None = None) -> nn.Module:
-    """A norm of config.norm_type for one slot; an Identity for norm_type='none', so every slot
-    stays callable."""
+    """A norm of config.norm_type; an Identity for norm_type='none', every slot callable."""
     build = NORM_TYPES[config.norm_type].build
     return nn.Identity() if build is None else build(dim or config.hidden_size, config)
 

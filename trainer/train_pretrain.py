@@ -53,10 +53,8 @@ class Job:
     tokenizer: object
     train: PackedTokens | None = None
     val: PackedTokens | None = None
-    # the tokenizer and the splits' checksums: what --resume compares
-    fingerprint: dict | None = None
-    # a context-free model's validation loss: a run no better learned nothing
-    unigram: float = math.inf
+    fingerprint: dict | None = None  # the tokenizer's and splits' checksums: --resume compares them
+    unigram: float = math.inf  # a context-free model's validation loss: no better learned nothing
     num_params: int = 0
     tokens_per_step: int = 0
     flops_per_token: float = 0.0
@@ -89,8 +87,7 @@ class TrainState:
     sampler: BatchSampler
     step: int = 0
     train_time: float = 0.0  # seconds of training steps, without evaluations and saves
-    # the first step's loss (all ranks' mean), read at the first sync
-    start_loss: float | None = None
+    start_loss: float | None = None  # the first step's loss (all ranks' mean), read at a sync
     lowest_val: float = math.inf  # the lowest validation loss so far (see val_divergence)
     run_id: str | None = None  # the wandb run a resumed run continues
     divergence: str | None = None  # how the run diverged, in words; None while it has not
@@ -99,8 +96,7 @@ class TrainState:
 
 
 STATE_FILE = "training_state.pt"  # in each step folder, beside the model folder's files
-# TrainState fields a checkpoint carries
-RESUMED = ("step", "train_time", "start_loss", "lowest_val")
+RESUMED = ("step", "train_time", "start_loss", "lowest_val")  # TrainState fields it carries
 STATE_KEYS = (*RESUMED, "optimizer", "scaler", "sampler", "wandb_run_id", "args", "data", "rng")
 
 
@@ -108,13 +104,11 @@ def train(args) -> dict:
     """Run one training job and return its summary: the outcome on every rank, all the numbers on
     rank 0, which writes them to out_dir/summary.json and holds out_dir meanwhile."""
     rank, world_size, device = setup_distributed(args.device, args.dist_timeout)
-    # subnormals (a run stuck at a plateau) compute ~7x slower; docs/training.md
-    if device.type == "cpu":
+    if device.type == "cpu":  # subnormals (a plateaued run) compute ~7x slower; docs/training.md
         torch.set_flush_denormal(True)
     else:  # peak_mem_mb is this run's, also when one process trains many (the ablation runner)
         torch.cuda.reset_peak_memory_stats(device)
-    # save_pretrained's "Writing model shards" bar would bury the log
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # save_pretrained's "Writing model shards" would bury the log
     job = Job(args, rank, world_size, device, resolve_dtype(args.dtype, device),
               load_tokenizer(args.tokenizer_path), started=time.perf_counter())
     lock = checkpoint.claim(job.out_dir, args.resume, args.overwrite) if job.master else None
@@ -143,8 +137,7 @@ def load_data(job: Job) -> None:
                           for split in ("train", "validation"))
     if first and job.world_size > 1:
         dist.barrier()
-    # a split too short for one window fails now, not at the first batch
-    for split in (job.train, job.val):
+    for split in (job.train, job.val):  # a split too short for one window fails now, not later
         BatchSampler(split.tokens, 1, args.max_seq_len)
     splits = {s.split: {"num_tokens": s.num_tokens, "sha256": s.sha256} for s in (job.train, job.val)}
     job.fingerprint = {"tokenizer": tokenizer_fingerprint(job.tokenizer), **splits}
@@ -152,10 +145,8 @@ def load_data(job: Job) -> None:
 
 
 def start_or_resume(job: Job) -> TrainState:
-    """A fresh model (its context --max_seq_len), optimizer and sampler; or, with --resume, those of
-    the newest checkpoint that loads."""
+    """A fresh model, optimizer and sampler; with --resume, the newest loadable checkpoint's."""
     args = job.args
-    tok = job.tokenizer
     sampler = BatchSampler(job.train.tokens, args.batch_size, args.max_seq_len, seed=args.seed, rank=job.rank,
                            world_size=job.world_size)
     if args.resume:
@@ -164,6 +155,7 @@ def start_or_resume(job: Job) -> TrainState:
     else:
         torch.manual_seed(args.seed)
         saved = None
+        tok = job.tokenizer
         raw_model = MiniMindForCausalLM(MiniMindConfig(
             **args.arch, vocab_size=len(tok), max_position_embeddings=args.max_seq_len,
             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id))
@@ -213,8 +205,7 @@ def load_step(folder: Path) -> tuple[MiniMindForCausalLM, dict]:
 
 def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
     """Refuse, in one line, a --resume whose resolved flags would not continue the checkpoint's run:
-    another value of a flag of MUST_MATCH (trainer/args.py) or of the architecture, other data or
-    tokenizer, or another number of processes."""
+    another value of a MUST_MATCH flag or switch, other data or tokenizer, other number of ranks."""
     args = job.args
     recorded = saved["args"]
     for name in MUST_MATCH:
@@ -239,8 +230,7 @@ def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
 
 def open_tracking(job: Job, state: TrainState) -> Tracker:
     """Rank 0: the metrics file (on --resume without the records past the checkpoint) and wandb,
-    with the variant and each of its fields as tags to filter a study by; and the line saying what
-    trains where."""
+    tagged with the variant and its fields; and the line saying what trains where."""
     args = job.args
     cfg = state.raw_model.config
     if args.resume:
@@ -257,8 +247,7 @@ def open_tracking(job: Job, state: TrainState) -> Tracker:
           f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | {job.device} {dtype} "
           f"x{job.world_size} | train {job.train.num_tokens:,} tokens, val {job.val.num_tokens:,} tokens "
           f"({job.val.bytes_per_token:.2f} bytes/token)")
-    # English gets about 3: e.g. Chinese text and the default tokenizer
-    if job.train.bytes_per_token < 1.5:
+    if job.train.bytes_per_token < 1.5:  # English gets about 3; Chinese with the default tokenizer
         print("warning: the tokenizer covers this corpus poorly (the model spends its capacity spelling out "
               "bytes); pass one trained on it, from scripts/train_tokenizer.py", file=sys.stderr)
     return tracker
@@ -319,8 +308,7 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
                              "mfu": job.mfu(tokens_per_s),
                              "peak_mem_mb": peak_memory_mb(job.device),
                              "train_time_s": state.train_time, "tokens": state.step * job.tokens_per_step,
-                             # untimed: a no-grad forward of the last micro-batch at the updated
-                             # weights
+                             # untimed: a no-grad forward of the last micro-batch, updated weights
                              **(layer_stats(raw, last_batch, job.mixed_precision, layer_grads)
                                 if diag_now else {})})
                 pbar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:.0f}")
@@ -364,10 +352,8 @@ def micro_steps(job: Job, state: TrainState) -> tuple[torch.Tensor, torch.Tensor
 
 def agree(job: Job, state: TrainState, window_loss: torch.Tensor, window_steps: int,
           first_loss: torch.Tensor, stop: StopFlag) -> float:
-    """One all-reduce on a step that reads the device, so that every rank stops at the same step
-    (one that stopped alone would hang the others): the mean training loss, the first step's, the
-    stop requests and any non-finite weight. Sets state.interrupted, state.start_loss and, where the
-    loss or a weight is not finite, state.divergence; returns the mean loss."""
+    """One all-reduce where the host reads the device, so that all ranks stop at the same step: the
+    losses, stop requests and non-finite weights. Sets state.interrupted, start_loss, divergence."""
     weights_bad = ~torch.stack([p.isfinite().all() for p in state.raw_model.parameters()]).all()
     requested = torch.tensor(float(stop.requested), device=job.device)
     summed = torch.stack([window_loss, first_loss, requested, weights_bad.float()])
@@ -389,8 +375,7 @@ def agree(job: Job, state: TrainState, window_loss: torch.Tensor, window_steps: 
 
 
 def run_eval(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
-    """On every rank, each evaluating its share; rank 0 logs the loss and prints it above the
-    progress bar."""
+    """On every rank, each evaluating its share; rank 0 logs the loss and prints it."""
     args = job.args
     loss = evaluate(state.raw_model, job.val.tokens, args.batch_size, args.max_seq_len, args.eval_steps,
                     job.device, job.mixed_precision, rank=job.rank, world_size=job.world_size)
@@ -426,8 +411,8 @@ def save(job: Job, state: TrainState, tracker: Tracker | None) -> None:
 
 
 def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
-    """Every rank returns the outcome (the same on all); rank 0 adds the numbers, writes
-    summary.json, draws the per-layer figure and prints the closing line."""
+    """Every rank returns the outcome; rank 0 adds the numbers, writes summary.json, draws the
+    per-layer figure and prints the closing line."""
     args = job.args
     cfg = state.raw_model.config
     summary = {"step": state.step, "max_steps": args.max_steps, "diverged": state.divergence is not None,
@@ -440,8 +425,7 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     last_val = state.last_val or next((r for r in reversed(records) if r["split"] == "val"), None)
     if speeds and not args.no_layers_plot:
         plot_layer_profiles({job.out_dir.name: records}, job.out_dir / "layers.png")
-    # a window that compiled does not count
-    tokens_per_s = statistics.median(speeds) if speeds else None
+    tokens_per_s = statistics.median(speeds) if speeds else None  # not a window that compiled
     summary |= {
         "train_loss": next((r["loss"] for r in reversed(records) if r["split"] == "train"), None),
         "val_loss": last_val["loss"] if last_val else None,
