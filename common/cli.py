@@ -48,8 +48,7 @@ def non_negative(text: str) -> float:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with one-line errors (a bad flag is a UserError, not usage text) and
-    HelpFormatter."""
+    """argparse with one-line errors (a UserError, not usage text) and HelpFormatter."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -67,8 +66,7 @@ CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQU
 
 
 def run_cli(main: Callable[[], object]) -> None:
-    """Run a script's main(); a UserError or a write the OS refused ends in `error: <one line>` and
-    exit 2."""
+    """Run main(); a UserError or a write the OS refused ends in `error: <one line>`, exit 2."""
     try:
         main()
     except UserError as err:

@@ -1,5 +1,4 @@
-"""Where a result came from: the code, the libraries, the machine and the date, recorded beside
-it."""
+"""Where a result came from: the code, the libraries, the machine and the date, recorded with it."""
 
 import contextlib
 import os
@@ -15,8 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def git(*command: str) -> str | None:
-    """The output of a git command in this checkout, or None without git or outside a git
-    checkout."""
+    """The output of a git command in this checkout, or None without git or outside a checkout."""
     try:
         done = subprocess.run(["git", "-C", str(REPO), *command], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
@@ -25,8 +23,7 @@ def git(*command: str) -> str | None:
 
 
 def usable_cores() -> int:
-    """The cores this process may use (taskset, a container's cpuset): maybe far fewer than the
-    machine's."""
+    """The cores this process may use (taskset, a container's cpuset): maybe far fewer than all."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity masks (macOS, Windows)
@@ -34,8 +31,7 @@ def usable_cores() -> int:
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model as the kernel names it (e.g. 'AMD EPYC 7B13'); the platform's name
-    elsewhere."""
+    """The CPU's model as the kernel names it ('AMD EPYC 7B13'); the platform's name elsewhere."""
     with contextlib.suppress(OSError):
         for line in cpuinfo.read_text().splitlines():
             if line.startswith("model name"):
@@ -45,8 +41,7 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 def environment(device: torch.device | str | None = None) -> dict:
     """The commit and whether tracked files differ from it (None outside a git checkout), the
-    libraries' versions, the device, the CPU (on a GPU run too: the host feeds it), torch's threads,
-    the UTC date."""
+    libraries' versions, the device, the CPU (on a GPU run too), torch's threads, the UTC date."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     commit = git("rev-parse", "HEAD")
     # the results folder aside: a study writes its runs and report there while it trains

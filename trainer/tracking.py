@@ -1,7 +1,6 @@
 """Where metrics go: a JSONL file in the run's folder, and Weights & Biases when asked. wandb never
 asks for a login or retries a dead network for minutes: it is online only with WANDB_API_KEY (or
-WANDB_MODE), its start is bounded, and a failure there logs offline instead, with one warning
-line."""
+WANDB_MODE), its start is bounded, and a failure there logs offline instead, with a warning."""
 
 import contextlib
 import json
@@ -15,8 +14,7 @@ from common.fs import write_atomically
 
 def compact(value, digits: int = 5):
     """Per-layer arrays, most of a metrics file, to 5 significant digits (float32 statistics hold
-    about 7; the figures need far fewer); scalars stay exact: the summary and a study's rules read
-    them back."""
+    about 7; the figures need far fewer); scalars stay exact: summaries and studies read them."""
     if isinstance(value, list):
         return [compact(v, digits) if isinstance(v, list) else float(f"{v:.{digits}g}") for v in value]
     return value
@@ -98,7 +96,6 @@ def read_metrics(path: Path) -> list[dict]:
 
 def keep_records_up_to(path: Path, step: int) -> None:
     """On --resume, drop the records logged after the checkpoint's step: those steps train again.
-    The file is written afresh, so that a link planted at its path (dangling, too) is replaced,
-    never written through."""
+    Written afresh: a link at its path (even dangling) is replaced, never written through."""
     records = read_metrics(path) if path.is_file() else []
     write_atomically(path, "".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
