@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -135,9 +136,9 @@ def test_resume_falls_back_to_the_step_before_a_damaged_one_or_refuses_when_none
     assert "\n" not in str(refusal.value)
 
 
-# A full disk as the OS reports it, and as torch.save's zip writer does (measured on a full tmpfs)
+# A full disk as the OS reports it, and as torch.save does (measured on a full tmpfs), errno lost
 FULL_DISK = {"OSError": OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
-             "torch": RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")}
+             "torch": RuntimeError("basic_ios::clear: iostream error")}
 
 
 @pytest.mark.parametrize("error", FULL_DISK)
@@ -153,11 +154,21 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_step(writer
     with monkeypatch.context() as patch:
         real = getattr(*writer)
         patch.setattr(*writer, crash_after_writing)
+        patch.setattr(checkpoint.shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
         with pytest.raises(UserError, match="^out of disk space in .*: step-000006 was not saved, the"):
             run(run_copy, "--max_steps", 6, "--resume")
     assert steps(run_copy) == ["step-000002", "step-000004"] and snapshot(run_copy / "step-000004") == kept
     assert not [p for p in run_copy.iterdir() if p.name.startswith(".step") or p.suffix == ".tmp"]
     assert run(run_copy, "--max_steps", 6, "--resume")["step"] == 6  # the kept step resumes
+
+
+def test_a_step_is_on_disk_before_an_older_one_is_pruned(tmp_path, monkeypatch):
+    done = []
+    monkeypatch.setattr(checkpoint, "fsync", lambda path: done.append(f"fsync {path.name}"))
+    monkeypatch.setattr(checkpoint, "remove", lambda path: done.append(f"remove {path.name}"))
+    (tmp_path / "step-000001").mkdir()
+    checkpoint.save(tmp_path, 2, lambda folder: (folder / "weights").write_text("w"), keep=1)
+    assert done == ["fsync weights", "fsync .step-000002.tmp", "fsync " + tmp_path.name, "remove step-000001"]
 
 
 @pytest.mark.parametrize("keep", [1, 3])
@@ -197,8 +208,7 @@ def test_the_same_data_under_another_name_resumes(run_copy, run, tiny_corpus, tm
 
 
 def test_resume_compares_the_resolved_flags_so_the_same_command_continues(tmp_path, run):
-    """The closing line of a stopped run says 'the same command with --resume': a shorter one resolves
-    to another model and is refused; the same one continues."""
+    """'the same command with --resume' continues; a shorter one resolves to another model."""
     run(tmp_path / "run", "--max_steps", 2, "--norm", "layernorm", "--qk_norm", "head")
     with pytest.raises(UserError, match="the checkpoint's model has --norm layernorm, not rmsnorm"):
         run(tmp_path / "run", "--max_steps", 4, "--resume")

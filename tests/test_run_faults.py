@@ -106,8 +106,7 @@ def test_a_validation_loss_back_at_ln_v_after_learning_stops_the_run_unsaved(fla
 
 
 def test_an_update_that_made_weights_non_finite_is_never_saved(flags, monkeypatch, tmp_path):
-    """The update of step 4 turns a weight into NaN from finite gradients (as --learning_rate 1e38 can);
-    step 4 saves, but the weights are checked first: the run stops there, step 2 its last checkpoint."""
+    """Step 4's update turns a weight into NaN from finite gradients; step 4 saves, unless checked."""
     calls, adamw_step = [], torch.optim.AdamW.step
 
     def poisoning_step(self, *args, **kwargs):

@@ -1,5 +1,4 @@
-"""The training loop in-process: where it reads the device from the host, how it stops a run gone
-non-finite."""
+"""The training loop in-process: where the host reads the device, how a non-finite run stops."""
 
 import math
 

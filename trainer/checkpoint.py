@@ -15,6 +15,7 @@ import errno
 import fcntl
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -88,7 +89,7 @@ def save(out_dir: Path, step: int, write: Callable[[Path], None], keep: int) -> 
             for path in [*tmp.iterdir(), tmp]:
                 fsync(path)
         except Exception as err:  # each library words a full disk its own way
-            if not out_of_space(err):
+            if not out_of_space(err, tmp):
                 raise
             raise UserError(f"out of disk space in {out_dir}: {final.name} was not saved, the steps "
                             f"before it are intact; free some space, then --resume") from None
@@ -98,11 +99,11 @@ def save(out_dir: Path, step: int, write: Callable[[Path], None], keep: int) -> 
     return final
 
 
-def out_of_space(err: Exception) -> bool:
-    """A write refused for want of space: as the OS says it, as safetensors words it, or as
-    torch.save's zip writer reports the short write it got ('unexpected pos')."""
+def out_of_space(err: Exception, folder: Path) -> bool:
+    """A write refused for want of space: the OS's errno says so, or a library lost it (torch.save:
+    'iostream error', 'unexpected pos'; safetensors its own) on a disk with under 1 MiB free."""
     full = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
-    return full or any(words in str(err) for words in ("No space left", "unexpected pos"))
+    return full or shutil.disk_usage(folder).free < 2**20
 
 
 def fsync(path: Path) -> None:

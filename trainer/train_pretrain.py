@@ -72,6 +72,9 @@ class Job:
     def mfu(self, tokens_per_s: float) -> float | None:  # model FLOPs utilization, where known
         return None if self.peak_flops is None else tokens_per_s * self.flops_per_token / self.peak_flops
 
+    def elapsed(self) -> str:  # h:mm:ss since the start
+        return str(timedelta(seconds=round(time.perf_counter() - self.started)))
+
     @property
     def mixed_precision(self):
         return autocast(self.device, self.dtype)
@@ -206,13 +209,12 @@ def load_step(folder: Path) -> tuple[MiniMindForCausalLM, dict]:
 def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
     """Refuse, in one line, a --resume whose resolved flags would not continue the checkpoint's run:
     another value of a MUST_MATCH flag or switch, other data or tokenizer, other number of ranks."""
-    args = job.args
-    recorded = saved["args"]
     for name in MUST_MATCH:
-        if recorded[name] != getattr(args, name):
-            raise UserError(f"--resume: the checkpoint was trained with --{name} {recorded[name]}, not "
-                            f"{getattr(args, name)}; pass the same value, or start a new --out_dir")
-    arch = args.arch
+        given = getattr(job.args, name)
+        if saved["args"][name] != given:
+            raise UserError(f"--resume: the checkpoint was trained with --{name} {saved['args'][name]}, "
+                            f"not {given}; pass the same value, or start a new --out_dir")
+    arch = job.args.arch
     for switch in SWITCHES:  # None: derived from the other switches, as the checkpoint's was
         if arch[switch.name] is not None and arch[switch.name] != getattr(config, switch.name):
             raise UserError(f"--resume: the checkpoint's model has --{switch.flag_name} "
@@ -254,10 +256,9 @@ def open_tracking(job: Job, state: TrainState) -> Tracker:
 
 
 def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
-    """Train to --max_steps, logging, evaluating and saving on their intervals. Only on those steps
-    does the host read the device: there it checks that the loss and the weights are finite and, if
-    not, stops before saving, so that a diverged run's last checkpoint is a good one. It stops after
-    saving when asked to (SIGTERM, Ctrl-C), or when an evaluation shows the run diverged."""
+    """Train to --max_steps, logging, evaluating and saving on their intervals: only then does the
+    host read the device, and it stops unsaved if the loss or a weight is not finite; it stops after
+    saving when asked to (SIGTERM, Ctrl-C), and when an evaluation shows the run diverged."""
     args = job.args
     raw = state.raw_model
     stop = StopFlag()
@@ -305,8 +306,7 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
                 tokens_per_s = window_steps * job.tokens_per_step / (state.train_time - window_start)
                 tracker.log({"step": state.step, "split": "train", "loss": mean_loss, "lr": lr,
                              "grad_norm": grad_norm.item(), "tokens_per_s": tokens_per_s,
-                             "mfu": job.mfu(tokens_per_s),
-                             "peak_mem_mb": peak_memory_mb(job.device),
+                             "mfu": job.mfu(tokens_per_s), "peak_mem_mb": peak_memory_mb(job.device),
                              "train_time_s": state.train_time, "tokens": state.step * job.tokens_per_step,
                              # untimed: a no-grad forward of the last micro-batch, updated weights
                              **(layer_stats(raw, last_batch, job.mixed_precision, layer_grads)
@@ -341,8 +341,7 @@ def micro_steps(job: Job, state: TrainState) -> tuple[torch.Tensor, torch.Tensor
     for micro in range(steps):
         x, y = to_device(next(state.sampler), job.device)
         # DDP all-reduces the gradients on the last micro-step only; the others accumulate locally
-        last_micro = micro == steps - 1
-        sync = nullcontext() if last_micro or job.world_size == 1 else state.model.no_sync()
+        sync = state.model.no_sync() if job.world_size > 1 and micro < steps - 1 else nullcontext()
         with sync, job.mixed_precision:
             loss = state.model(input_ids=x, shift_labels=y).loss / steps
         state.scaler.scale(loss).backward()
@@ -385,7 +384,7 @@ def run_eval(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     if job.master:
         tracker.log(record)
         tqdm.write(f"step {state.step}/{args.max_steps}: val loss {loss:.3f}, {record['bpb']:.3f} bits/byte "
-                   f"| {record['tokens']:,} tokens | {duration(time.perf_counter() - job.started)}")
+                   f"| {record['tokens']:,} tokens | {job.elapsed()}")
     return record
 
 
@@ -451,14 +450,10 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     data = f" {shlex.quote(args.data_path)}" if args.data_path else ""
     then = ("the same command with --resume continues it" if state.interrupted else
             f"python eval_llm.py --model_path {shlex.quote(str(job.out_dir))} --eval_data{data}")
-    elapsed = duration(time.perf_counter() - job.started)
+    elapsed = job.elapsed()
     print(f"{'stopped' if state.interrupted else 'done'}: step {state.step}/{args.max_steps}, {val}, "
           f"{tokens_per_s or 0:,.0f} tokens/s, {elapsed} | {where} | next: {then}")
     return summary
-
-
-def duration(seconds: float) -> str:
-    return str(timedelta(seconds=round(seconds)))  # h:mm:ss
 
 
 def main(argv: list[str] | None = None) -> None:
