@@ -66,7 +66,7 @@ def fresh_run_problem(out_dir: Path, resume: bool, overwrite: bool, ours: bool) 
     if resume:
         return None if step_folders(out_dir) else (
             f"--resume: no checkpoint in {out_dir}; run without --resume to start afresh")
-    used = sorted(p.name for p in out_dir.iterdir() if p.name != ".lock")
+    used = any(p.name != ".lock" for p in out_dir.iterdir())
     if used and not overwrite:
         return (f"--out_dir {out_dir} is not empty (an earlier run?); continue it with --resume, "
                 "discard its checkpoints and records with --overwrite, or choose a new --out_dir")
@@ -92,7 +92,7 @@ def save(out_dir: Path, step: int, write: Callable[[Path], None], keep: int) -> 
             if not out_of_space(err, tmp):
                 raise
             raise UserError(f"out of disk space in {out_dir}: {final.name} was not saved, the steps "
-                            f"before it are intact; free some space, then --resume") from None
+                            "before it are intact; free some space, then --resume") from None
     fsync(final.parent)  # the rename is on disk before any older step goes
     for folder in [p for p in step_folders(out_dir) if step_of(p) < step][keep - 1 :]:
         remove(folder)
