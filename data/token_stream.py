@@ -1,4 +1,4 @@
-"""Tokenize a split once into a flat, memory-mapped token file, and draw training batches from it."""
+"""Tokenize a split once into a flat memory-mapped token file, and draw training batches from it."""
 
 import contextlib
 import hashlib
@@ -20,7 +20,8 @@ from common.fs import replaced, write_atomically
 from data.corpus import load_texts, reading, source_identity
 from data.tokenizer import tokenizer_fingerprint
 
-CACHE_FORMAT = 2  # bump when the packing, splitting or metadata rules change, so old caches are not reused
+# bump when the packing, splitting or metadata rules change, so old caches are not reused
+CACHE_FORMAT = 2
 
 
 def default_cache_dir() -> Path:
@@ -29,15 +30,16 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class PackedTokens:
-    """A split's documents as one token array, each followed by the end-of-text token; num_bytes counts the
-    documents' UTF-8 bytes only, num_tokens the separators too (the model predicts them)."""
+    """A split's documents as one token array, each followed by the end-of-text token; num_bytes
+    counts the documents' UTF-8 bytes only, num_tokens the (predicted) separators too."""
 
     path: Path
     tokens: np.memmap
     num_tokens: int
     num_bytes: int
     num_docs: int
-    sha256: str  # of the token file, from packing: what the tokens are, however the source was named
+    # of the token file, from packing: what the tokens are, however the source was named
+    sha256: str
     split: str
 
     @property
@@ -51,9 +53,10 @@ def bits_per_byte(loss: float, bytes_per_token: float) -> float:
 
 
 def _open_cached(path: Path, key: dict) -> PackedTokens | None:
-    """The finished cache entry at path, or None (then it is built again): the metadata, written after the
-    tokens, must be there, describe this key, and match the token file's size."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # unfinished, or of another format
+    """The finished cache entry at path, or None (then it is built again): the metadata, written
+    after the tokens, must be there, describe this key, and match the token file's size."""
+    # unfinished, or of another format
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         meta = json.loads(path.with_suffix(".json").read_text())
         dtype, num_tokens = np.dtype(meta["dtype"]), meta["num_tokens"]
         if meta["key"] == json.loads(json.dumps(key)) and path.stat().st_size == num_tokens * dtype.itemsize:
@@ -63,7 +66,7 @@ def _open_cached(path: Path, key: dict) -> PackedTokens | None:
 
 
 def _pack(texts, tokenizer, dtype: np.dtype, out, num_proc: int, streaming: bool, split: str) -> dict:
-    """Tokenize every document, append end-of-text, write the ids to out; return the counts and checksum."""
+    """Tokenize every document, append end-of-text, write ids to out; the counts, checksum."""
     eot = tokenizer.eos_token_id
 
     def encode(batch):
@@ -77,7 +80,8 @@ def _pack(texts, tokenizer, dtype: np.dtype, out, num_proc: int, streaming: bool
     encoded = texts.map(encode, batched=True, input_columns="text", remove_columns=["text"],
                         features=features, **options)
     counts, digest = {"num_tokens": 0, "num_bytes": 0, "num_docs": 0}, hashlib.sha256()
-    # Streaming has no progress bar of its own; for a Dataset this one shows the (fast) writing pass.
+    # Streaming has no progress bar of its own; for a Dataset this one shows the (fast) writing
+    # pass.
     with tqdm(total=None if streaming else len(encoded), desc=f"packing {split}", unit="doc") as progress:
         for batch in encoded.with_format("arrow").iter(batch_size=1000):
             ids = pc.list_flatten(batch["ids"]).to_numpy().astype(dtype, copy=False)
@@ -93,8 +97,8 @@ def _pack(texts, tokenizer, dtype: np.dtype, out, num_proc: int, streaming: bool
 def prepare_split(data_path: str | None, split: str, tokenizer, text_field: str = "text",
                   cache_dir: str | Path | None = None, num_proc: int | None = None,
                   streaming: bool = False) -> PackedTokens:
-    """A split tokenized and packed, from the cache when this source (its files' sizes and mtimes, or its Hub
-    name), split, text_field and tokenizer were packed before. Under DDP, call it on one rank first."""
+    """A split tokenized and packed, from the cache when this source (its files' sizes and mtimes,
+    or its Hub name), split, text_field and tokenizer were packed before (DDP: one rank first)."""
     key = {"format": CACHE_FORMAT, "split": split, "text_field": text_field, "eot": tokenizer.eos_token_id,
            "source": source_identity(data_path), "tokenizer": tokenizer_fingerprint(tokenizer)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -113,9 +117,9 @@ def prepare_split(data_path: str | None, split: str, tokenizer, text_field: str 
 
 
 class BatchSampler:
-    """Batches x = window[:-1], y = window[1:] of a packed split's windows, [batch, seq_len] longs: random
-    starts from a generator seeded by (seed, rank), or (sequential) the non-overlapping windows in order,
-    window k to rank k % world_size, wrapping at the end. state_dict() resumes either exactly."""
+    """Batches x = window[:-1], y = window[1:] of a packed split's windows, [batch, seq_len] longs:
+    random starts from a generator seeded by (seed, rank), or (sequential) the non-overlapping
+    windows in order, window k to rank k % world_size, wrapping; state_dict() resumes either."""
 
     def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int = 0,
                  rank: int = 0, world_size: int = 1, sequential: bool = False):

@@ -1,4 +1,4 @@
-"""The tokenizer: loading it, and fingerprinting it for cache keys (scripts/train_tokenizer.py trains one)."""
+"""The tokenizer: loading it, and its fingerprint for cache keys (train_tokenizer.py trains one)."""
 
 import hashlib
 from pathlib import Path
@@ -19,11 +19,13 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
                         "scripts/train_tokenizer.py")
     try:  # never the folder's own code: transformers would ask about it in the terminal
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
-    except Exception as err:  # a corrupt file fails in tokenizers' Rust or transformers, each in its own way
+    # a corrupt file fails in tokenizers' Rust or transformers, each in its own way
+    except Exception as err:
         raise UserError(f"{path}: cannot load the tokenizer ({first_line(err)})") from None
     if tokenizer.eos_token_id is None:
         raise UserError(f"{path}: the tokenizer has no eos_token; it is needed to separate documents")
-    # The document separator stands in for a missing bos (what a prompt starts after) and pad (as in GPT-2).
+    # The document separator stands in for a missing bos (what a prompt starts after) and pad (as in
+    # GPT-2).
     if tokenizer.bos_token is None:
         tokenizer.bos_token = tokenizer.eos_token
     if tokenizer.pad_token is None:
@@ -32,5 +34,5 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:
-    """A short hash of the tokenizer's full JSON serialization (vocab, merges, special tokens, pipeline)."""
+    """A short hash of the tokenizer's JSON (vocab, merges, special tokens, pipeline)."""
     return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]

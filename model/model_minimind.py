@@ -1,8 +1,8 @@
-"""MiniMind: a small Llama-style decoder (RoPE, grouped-query attention, SwiGLU) whose normalization is data.
+"""MiniMind: a small Llama-style decoder (RoPE, grouped-query attention, SwiGLU); norms as data.
 
-Top to bottom: the norm plan, the config (SWITCHES declares every architecture switch once), one block for
-every plan, attention, SwiGLU, RoPE, the model; the norm types are in model/norms.py. docs/model.md has the
-tables: placements, formulas, module names, norm counts.
+Top to bottom: the norm plan, the config (SWITCHES declares every architecture switch once), one
+block for every plan, attention, SwiGLU, RoPE, the model; the norm types are in model/norms.py.
+docs/model.md has the tables: placements, formulas, module names, norm counts.
 """
 
 import math
@@ -24,9 +24,9 @@ from model.norms import NORM_TYPES, RMSNorm, count_norms, init_norm, make_norm
 __all__ = ["RMSNorm", "count_norms"]
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The norm plan: where each block normalizes, as data. Each sublayer F (attention, MLP) has three slots, each
-# the module name of a norm or None.
+# --------------------------------------------------------------------------------------------------
+# The norm plan: where each block normalizes, as data. Each sublayer F (attention, MLP) has three
+# slots, each the module name of a norm or None.
 
 
 @dataclass(frozen=True)
@@ -41,32 +41,32 @@ POST = (Slots(around="post_attention_layernorm"), Slots(around="post_feedforward
 PERI = (Slots(before="input_layernorm", after="post_attention_layernorm"),
         Slots(before="pre_feedforward_layernorm", after="post_feedforward_layernorm"))
 REORDER = (Slots(after="post_attention_layernorm"), Slots(after="post_feedforward_layernorm"))
-# HybridNorm: Post-Norm around attention (whose q, k and v carry their own norms) and no norm at the MLP
+# HybridNorm: Post-Norm around attention (whose q, k and v carry their own norms), none at the MLP
 HYBRID = (Slots(around="post_attention_layernorm"), Slots())
-EMPTY = (Slots(), Slots())  # ReZero: no norm at all, a learnable scale on each sublayer's output instead
+EMPTY = (Slots(), Slots())  # ReZero: no norm, a learnable scale on each sublayer's output
 
 
 def num_post_blocks(config) -> int:
-    """Mix-LN's Post-Norm blocks come first: floor(fraction * L) of them (+1e-9: 0.29 * 100 is 28.99..)."""
+    """Mix-LN's Post-Norm blocks come first: floor(fraction * L) (+1e-9: 0.29 * 100 is 28.99..)."""
     return math.floor(config.mix_ln_fraction * config.num_hidden_layers + 1e-9)
 
 
-# norm_position -> (the slots of block i, whether a final norm follows the last block). A final norm is kept
-# wherever the last block may leave the residual stream un-normalized; after a Post block it would only
-# rescale what that block's norm produced, and ReZero has no norm by design.
+# norm_position -> (the slots of block i, whether a final norm follows the last block). A final norm
+# is kept wherever the last block may leave the residual stream un-normalized; after a Post block it
+# would only rescale what that block's norm produced, and ReZero has no norm by design.
 PLACEMENTS: dict[str, tuple[Callable, bool]] = {
     "pre": (lambda i, cfg: PRE, True),  # Llama, Qwen3
     "post": (lambda i, cfg: POST, False),  # the 2017 Transformer
     "peri": (lambda i, cfg: PERI, True),  # Gemma 2/3's sandwich
     "reorder": (lambda i, cfg: REORDER, True),  # OLMo 2
-    "deepnorm": (lambda i, cfg: POST, False),  # DeepNet: POST with a scaled skip and init (LayerPlan)
+    "deepnorm": (lambda i, cfg: POST, False),  # DeepNet: POST, scaled skip and init
     "mix": (lambda i, cfg: POST if i < num_post_blocks(cfg) else PRE, True),  # Mix-LN
     "hybrid": (lambda i, cfg: HYBRID, True),  # HybridNorm
-    "hybrid_star": (lambda i, cfg: PRE if i == 0 else HYBRID, True),  # HybridNorm*: block 0 is Pre-Norm
+    "hybrid_star": (lambda i, cfg: PRE if i == 0 else HYBRID, True),  # HybridNorm*
     "rezero": (lambda i, cfg: EMPTY, False),  # ReZero / SkipInit
 }
 NORM_POSITIONS = tuple(PLACEMENTS)
-QKV_PLACEMENTS = ("hybrid", "hybrid_star")  # normalize q, k and v in place of an input norm: they imply both
+QKV_PLACEMENTS = ("hybrid", "hybrid_star")  # q, k and v normalized in place of an input norm
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def layer_plans(config) -> list[LayerPlan]:
     """One plan per block; with has_final_norm, the only reader of norm_position."""
     L, position = config.num_hidden_layers, config.norm_position
     alpha = beta = 1.0
-    if position == "deepnorm":  # DeepNet (2022), decoder-only: alpha = (2L)^(1/4), beta = (8L)^(-1/4)
+    if position == "deepnorm":  # DeepNet (2022), decoder-only: alpha (2L)^(1/4), beta (8L)^(-1/4)
         alpha = config.deepnorm_alpha or (2 * L) ** 0.25
         beta = config.deepnorm_beta or (8 * L) ** -0.25
     slots_of = PLACEMENTS[position][0]
@@ -97,14 +97,14 @@ def has_final_norm(config) -> bool:
     return PLACEMENTS[config.norm_position][1]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Config: every architecture switch declared once.
 
 
 @dataclass(frozen=True)
 class Switch:
-    """One architecture switch: a config field, the trainer flag of its name (`flag` where they differ), a row
-    of docs/model.md's switch table, and with `token` a part of the variant name (model/names.py)."""
+    """One architecture switch: a config field, the trainer flag of its name (`flag` where they
+    differ), a row of docs/model.md's switch table, with `token` a part of the variant name."""
 
     name: str
     default: object  # None: derived from other fields (the placement, the width) unless set
@@ -160,7 +160,7 @@ SWITCH = {s.name: s for s in SWITCHES}
 
 
 def with_implied(values: dict) -> SimpleNamespace:
-    """Every switch's value: the given ones, the defaults, and what the placement implies filled in."""
+    """Every switch's value: the given ones, the defaults, and what the placement implies."""
     c = SimpleNamespace(**{s.name: s.default for s in SWITCHES} | values)
     for name in ("qk_norm", "v_norm"):  # HybridNorm is defined with q, k and v normalized per head
         if getattr(c, name) is None:
@@ -168,10 +168,9 @@ def with_implied(values: dict) -> SimpleNamespace:
     return c
 
 
-def config_problem(values: dict, name: Callable[[str], str] = str) -> str | None:
-    """Why these switch values make no model, in one line naming each field through `name` (the trainer passes
-    its flags' names), or None when they do."""
-    c = with_implied(values)
+def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str) -> str | None:
+    """Why these switch values (with_implied's) make no model, in one line naming each field through
+    `name` (the trainer passes its flags' names), or None when they do."""
     for s in SWITCHES:
         value = getattr(c, s.name)
         if s.choices and value not in s.choices:
@@ -202,8 +201,8 @@ def config_problem(values: dict, name: Callable[[str], str] = str) -> str | None
 
 
 class MiniMindConfig(PretrainedConfig):
-    """Defaults are MiniMind2-small: 512 hidden, 8 layers, 8 query / 2 KV heads, vocab 6400 (~25.8M params).
-    The architecture is SWITCHES; the rest are the usual Hugging Face fields."""
+    """Defaults are MiniMind2-small: 512 hidden, 8 layers, 8 query / 2 KV heads, vocab 6400 (~25.8M
+    params). The architecture is SWITCHES; the rest are the usual Hugging Face fields."""
 
     model_type = "minimind"
 
@@ -213,15 +212,16 @@ class MiniMindConfig(PretrainedConfig):
         given = {s.name: kwargs.pop(s.name) for s in SWITCHES if s.name in kwargs}
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size}")
-        if problem := config_problem(given):
+        switches = with_implied(given)
+        if problem := config_problem(switches):
             raise ValueError(problem)
-        values = vars(with_implied(given)) | dict(vocab_size=vocab_size, rope_theta=rope_theta,
-                                                  max_position_embeddings=max_position_embeddings,
-                                                  initializer_range=initializer_range)
+        values = vars(switches) | dict(vocab_size=vocab_size, rope_theta=rope_theta,
+                                       max_position_embeddings=max_position_embeddings,
+                                       initializer_range=initializer_range)
         for field, value in values.items():
             setattr(self, field, value)
         # SwiGLU has three matrices instead of two, so 8/3*hidden keeps the FFN's parameter count at
-        # 4*hidden's; rounding up to a multiple of 64 keeps matmuls aligned (512 -> 1408, as in MiniMind).
+        # 4*hidden's; rounded up to a multiple of 64, matmuls stay aligned (512 -> 1408, MiniMind).
         self.intermediate_size = self.intermediate_size or 64 * math.ceil(self.hidden_size * 8 / 3 / 64)
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kwargs)
@@ -231,7 +231,7 @@ class MiniMindConfig(PretrainedConfig):
         return self.hidden_size // self.num_attention_heads
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # One block, for every placement: its LayerPlan says which norm slots hold a norm and how to scale.
 
 
@@ -241,9 +241,9 @@ class MiniMindBlock(nn.Module):
         self.plan = plan
         self.self_attn = Attention(config, layer_idx, plan.init_scale)
         self.mlp = FeedForward(config, plan.init_scale)
-        for site, slots in (("attn", plan.attn), ("mlp", plan.mlp)):
+        for slots in (plan.attn, plan.mlp):
             for name in filter(None, (slots.before, slots.after, slots.around)):
-                self.add_module(name, make_norm(config, site))
+                self.add_module(name, make_norm(config))
         if plan.residual_scale:  # ReZero: one scalar per sublayer, 0 at init (set in _init_weights)
             self.attn_residual_scale = nn.Parameter(torch.zeros(1))
             self.mlp_residual_scale = nn.Parameter(torch.zeros(1))
@@ -253,8 +253,8 @@ class MiniMindBlock(nn.Module):
         return self.residual(x, self.plan.mlp, self.mlp, "mlp")
 
     def residual(self, x: torch.Tensor, slots: Slots, sublayer, site: str) -> torch.Tensor:
-        """One residual sublayer with the norms the plan puts around it: x + F(N(x)) leaves the residual path
-        an untouched sum, N(x + F(x)) renormalizes every sum; ReZero's x + a * F(x) has a scalar per site."""
+        """One residual sublayer with the plan's norms around it: x + F(N(x)) leaves the residual
+        path an untouched sum, N(x + F(x)) renormalizes every sum; ReZero: x + a * F(x)."""
         h = x
         if slots.before:
             h = getattr(self, slots.before)(h)
@@ -269,14 +269,14 @@ class MiniMindBlock(nn.Module):
         return getattr(self, slots.around)(x) if slots.around else x
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Attention: causal, grouped-query (several query heads share one K/V head), with a KV cache for generation.
+# --------------------------------------------------------------------------------------------------
+# Attention: causal, grouped-query (query heads share K/V heads), a KV cache for generation.
 
 
 def attention_mask_for(attention_mask: torch.Tensor | None, q_len: int, past_len: int,
                        device: torch.device) -> torch.Tensor | None:
-    """Boolean [batch, 1, q, kv] mask, or None when SDPA's causal fast path is exact: it aligns the triangle
-    to the top-left, right only with no cache or a single new token, and knows no padding."""
+    """Boolean [batch, 1, q, kv] mask, or None when SDPA's causal fast path is exact: it aligns the
+    triangle top-left, right only with no cache or one new token, and knows no padding."""
     padded = attention_mask is not None and not bool(attention_mask.all())
     if not padded and (past_len == 0 or q_len == 1):
         return None
@@ -300,22 +300,21 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
-        self.v_proj.init_scale = self.o_proj.init_scale = init_scale  # DeepNorm's beta; q and k keep gain 1
-        # QK-norm bounds the attention logits: per head (Qwen3), or over the projection, mixing heads (OLMo 2)
+        self.v_proj.init_scale = self.o_proj.init_scale = init_scale  # DeepNorm's beta; not q, k
+        # QK-norm bounds the attention logits: per head (Qwen3), or over the projection (OLMo 2)
         self.qk_norm = config.qk_norm
         if self.qk_norm != "none":
             per_head = self.qk_norm == "head"
             width = self.head_dim if per_head else None  # None: the whole projection
-            self.q_norm = make_norm(config, "qk", width or self.n_heads * self.head_dim)
-            self.k_norm = make_norm(config, "qk", width or self.n_kv_heads * self.head_dim)
-        # V-norm (Gemma 3n/4, HybridNorm): with q and k normalized too, attention ignores its input's scale
-        self.v_norm = make_norm(config, "qk", self.head_dim) if config.v_norm == "head" else None
-        # Sub-LN (BitNet; NormFormer's head-output norm): the concatenated heads normalized before o_proj
-        self.attn_sub_norm = make_norm(config, "attn", config.hidden_size) if config.sub_norm else None
+            self.q_norm = make_norm(config, width or self.n_heads * self.head_dim)
+            self.k_norm = make_norm(config, width or self.n_kv_heads * self.head_dim)
+        # V-norm (Gemma 3n/4, HybridNorm): with q and k normed too, attention ignores input scale
+        self.v_norm = make_norm(config, self.head_dim) if config.v_norm == "head" else None
+        # Sub-LN (BitNet; NormFormer's head-output norm): the joined heads normalized before o_proj
+        self.attn_sub_norm = make_norm(config, config.hidden_size) if config.sub_norm else None
 
     def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [batch, heads, seq, head_dim] and k [batch, kv_heads, seq, head_dim] as attention uses them
-        (QK-norm before RoPE, as in Qwen3/OLMo 2)."""
+        """q [batch, heads, seq, head_dim], k [batch, kv_heads, seq, head_dim]; QK-norm, RoPE."""
         bsz, seq, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
         if self.qk_norm == "proj":
@@ -343,7 +342,7 @@ class Attention(nn.Module):
         return self.o_proj(y)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Feed-forward: SwiGLU (Shazeer 2020), down(silu(gate(x)) * up(x)).
 
 
@@ -356,15 +355,15 @@ class FeedForward(nn.Module):
         for proj in (self.gate_proj, self.up_proj, self.down_proj):
             proj.init_scale = init_scale  # DeepNorm's beta
         # Sub-LN (BitNet; NormFormer's FFN norm): the SwiGLU product normalized before down_proj
-        self.ffn_sub_norm = make_norm(config, "mlp", config.intermediate_size) if config.sub_norm else None
+        self.ffn_sub_norm = make_norm(config, config.intermediate_size) if config.sub_norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.silu(self.gate_proj(x)) * self.up_proj(x)
         return self.down_proj(h if self.ffn_sub_norm is None else self.ffn_sub_norm(h))
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Rotary position embeddings (RoPE, Su et al. 2021), in Llama's rotate-half layout so weights stay portable.
+# --------------------------------------------------------------------------------------------------
+# Rotary position embeddings (RoPE, Su et al. 2021), in Llama's rotate-half layout (portable).
 
 
 class RotaryEmbedding(nn.Module):
@@ -391,7 +390,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None] + torch.cat((-x2, x1), dim=-1) * sin[:, None]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The model
 
 
@@ -403,7 +402,7 @@ class MiniMindPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            std = self.config.initializer_range * getattr(module, "init_scale", 1.0)  # DeepNorm's beta
+            std = self.config.initializer_range * getattr(module, "init_scale", 1.0)  # DeepNorm
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
@@ -418,12 +417,12 @@ class MiniMindModel(MiniMindPreTrainedModel):
     def __init__(self, config: MiniMindConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        # What the blocks receive from the lookup: as is, times sqrt(d) (Gemma), or normalized (BLOOM)
+        # What the blocks get from the lookup: as is, times sqrt(d) (Gemma), or normalized (BLOOM)
         if config.embed_norm == "norm":
-            self.word_embeddings_layernorm = make_norm(config, "embed")
+            self.word_embeddings_layernorm = make_norm(config)
         self.layers = nn.ModuleList(MiniMindBlock(config, i, plan)
                                     for i, plan in enumerate(layer_plans(config)))
-        self.norm = make_norm(config, "final") if has_final_norm(config) else nn.Identity()
+        self.norm = make_norm(config) if has_final_norm(config) else nn.Identity()
         self.rotary_emb = RotaryEmbedding(config)
         self.post_init()
 
@@ -435,7 +434,7 @@ class MiniMindModel(MiniMindPreTrainedModel):
             x = inputs_embeds  # taken as looked up (and, for "scale", scaled) already, as in Gemma
         else:
             x = self.embed_tokens(input_ids)
-            if self.config.embed_norm == "scale":  # sqrt(d) in float32, then the weights' dtype (Gemma)
+            if self.config.embed_norm == "scale":  # sqrt(d) in float32, then x's dtype (Gemma)
                 x = x * torch.tensor(self.config.hidden_size**0.5).to(x.dtype)
         if self.config.embed_norm == "norm":  # on inputs_embeds too, as in BLOOM
             x = self.word_embeddings_layernorm(x)
@@ -444,15 +443,14 @@ class MiniMindModel(MiniMindPreTrainedModel):
         past_len = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + x.shape[1], device=x.device)[None]
-        # cos/sin in the dtype q and k are computed in: under autocast the projections' (bf16), as fp32 tables
-        # would promote q and k to fp32 for attention to cast them back; without it, the stream's, so fp32
-        # stays exact.
+        # cos/sin in q and k's dtype: under autocast the projections' (bf16), as fp32 tables would
+        # promote q and k to fp32 for attention to cast back; without it the stream's (fp32 exact).
         autocast = torch.is_autocast_enabled(x.device.type)
         dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
         rope = self.rotary_emb(position_ids, dtype)
         mask = attention_mask_for(attention_mask, x.shape[1], past_len, x.device)
 
-        # hidden_states[i] is the residual stream entering block i; the last entry is the final output.
+        # hidden_states[i] is the residual stream entering block i; the last is the final output.
         hidden_states = []
         for layer in self.layers:
             if output_hidden_states:

@@ -1,15 +1,12 @@
-"""Why a deep stack needs normalization, measured at initialization in a few seconds on a CPU.
+"""Why a deep stack needs normalization, measured at initialization in seconds on a CPU.
 
     python scripts/why_normalization.py
 
-1. An 8-layer Linear+ReLU stack (width 512, PyTorch's default init) on unit-variance input: the output's
-   standard deviation and the first layer's weight-gradient norm, without a norm and with RMSNorm after each
-   layer; the loss is a fixed random readout of the output. Without a norm the signal shrinks layer by layer
-   (the default init keeps about a third of the variance per layer), and so does the gradient that reaches
-   the first layer.
+1. An 8-layer Linear+ReLU stack (width 512, PyTorch's default init; the loss a fixed random readout): the
+   output's std and the first layer's weight-gradient norm, without a norm and with RMSNorm after each layer.
+   Without one the signal shrinks layer by layer, and so does the gradient that reaches the first layer.
 2. The model at init (8 layers, hidden 128): the residual stream's RMS entering each block (block 0: the
-   embeddings), for every placement. With Pre-Norm it grows block by block (each adds to it, nothing
-   rescales it); where a norm ends each block (Post-Norm, DeepNorm) it stays at 1.
+   embeddings), per placement. Under Pre-Norm it grows; where a norm ends each block it stays at 1.
 """
 
 import sys

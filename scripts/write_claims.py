@@ -24,10 +24,9 @@ BEGIN, END = "<!-- claims: written by scripts/write_claims.py -->", "<!-- end of
 def claims_table(rows: list[dict]) -> str:
     head = ["claim", "expects", "folder", "Δ val loss vs baseline, fresh seeds: mean [95% CI], p",
             "n (failed)", "Δ train loss", "verdict"]
-    lines, previous = [], None
-    for r in rows:
-        first = r["claim"] != previous
-        previous = r["claim"]
+    lines = []
+    for previous, r in zip([None, *rows], rows, strict=False):
+        first = previous is None or r["claim"] != previous["claim"]  # a claim's name on its first row only
         lines.append([r["claim"] if first else "", f"{r['variant']} {r['expected']} {r['baseline']}"
                       if first else "", r["folder"], claims.cell(r["val"]), f"{r['seeds']} ({r['failed']})",
                       claims.cell(r["train"]), f"**{r['verdict']}**"])

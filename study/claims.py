@@ -38,6 +38,14 @@ def train_loss(run: dict) -> float | None:
     return statistics.mean(last) if last else None
 
 
+def cpu_type(run: dict) -> tuple[str | None, str | None]:
+    """A run's CPU model and the kernels torch ran on it (AVX2, AVX512, ...): other kernels round float32
+    differently. Runs recorded before that listed the CPU's extensions; the widest is the same answer."""
+    isa = run.get("environment", {}).get("cpu_isa") or []
+    kernels = "AVX512" if {"AVX512", "AVX-512"} & set(isa) else (isa[-1] if isa else None)
+    return run.get("environment", {}).get("cpu"), kernels
+
+
 def failed(run: dict) -> bool:
     return bool(run["diverged"] or run.get("plateaued"))
 
@@ -66,7 +74,7 @@ def pairs(variant: Side, baseline: Side) -> list[tuple[dict, dict]]:
     by_seed = {r["seed"]: r for r in baseline.runs}
     return [(r, by_seed[r["seed"]]) for r in sorted(variant.runs, key=lambda r: r["seed"])
             if r["seed"] in by_seed and r["seed"] not in tuned
-            and lr_tuning.cpu_type(r) == lr_tuning.cpu_type(by_seed[r["seed"]])]
+            and cpu_type(r) == cpu_type(by_seed[r["seed"]])]
 
 
 def verdict(stats: lr_tuning.Stats, variant_failed: int, baseline_failed: int, trains: bool) -> str:
@@ -86,15 +94,15 @@ def verdict(stats: lr_tuning.Stats, variant_failed: int, baseline_failed: int, t
 def regime(runs: list[dict]) -> dict:
     """What a folder's numbers are about: optimizer, steps, tokens per parameter, passes over the data,
     width, head size, depth, corpus and the CPU types the runs trained on."""
-    run, args = runs[0], runs[0]["args"]
+    args = runs[0]["args"]
     tokens = args["max_steps"] * args["batch_size"] * args["max_seq_len"] * args["accumulation_steps"]
     return {"optimizer": args["optimizer"], "steps": args["max_steps"],
-            "tokens_per_param": tokens / run["num_params"],
-            "passes": tokens / run["data"]["train"]["num_tokens"] if "data" in run else None,
-            "width": run["hidden_size"], "head_dim": run["hidden_size"] // args["num_attention_heads"],
+            "tokens_per_param": tokens / runs[0]["num_params"],
+            "passes": tokens / runs[0]["data"]["train"]["num_tokens"] if "data" in runs[0] else None,
+            "width": args["hidden_size"], "head_dim": args["hidden_size"] // args["num_attention_heads"],
             "layers": args["num_hidden_layers"], "corpus": Path(args["data_path"] or "Shakespeare").stem,
-            "cpus": ", ".join(sorted({f"{cpu} ({' '.join(isa)})" if cpu else "not recorded"
-                                      for cpu, isa in map(lr_tuning.cpu_type, runs)}))}
+            "cpus": ", ".join(sorted({f"{cpu} ({kernels})" if cpu else "not recorded"
+                                      for cpu, kernels in map(cpu_type, runs)}))}
 
 
 def difference(variant: Side, baseline: Side) -> dict:

@@ -105,11 +105,3 @@ def paired_stats(differences: dict[int, float]) -> Stats:
     half = t_critical(0.95, n - 1) * sd / math.sqrt(n)
     p = t_two_sided_p(mean / (sd / math.sqrt(n)), n - 1) if sd else float(mean == 0)
     return Stats(n, mean, sd, mean - half, mean + half, p)
-
-
-def cpu_type(run: dict) -> tuple:
-    """A run's CPU model and its vector and matrix extensions (AVX2, AVX-512, AMX; common/environment.py):
-    other kernels round float32 differently. The model name alone is not enough: virtual machines often report
-    a generic one over different hardware. Runs that recorded neither are one type, (None, None)."""
-    env = run.get("environment", {})
-    return env.get("cpu"), tuple(env.get("cpu_isa") or ())

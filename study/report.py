@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import UserError
 from common.environment import describe, environment
 from common.fs import write_atomically
 from study import claims, lr_tuning
@@ -92,20 +91,10 @@ def study_cost(out: Path) -> str:
     """How much training the study folder holds; how many runs a modified tree trained (no commit has it)."""
     runs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/summary.json"))]
     hours = sum(r["train_time_s"] for r in runs) / 3600
-    dirty = sum(bool(r.get("environment", {}).get("git_dirty")) for r in runs)
+    # a run that recorded no answer cannot show it came from a commit: it counts as modified
+    dirty = sum(r.get("environment", {}).get("git_dirty") is not False for r in runs)
     return (f"The study folder holds {len(runs)} finished runs, {hours:.1f} hours of training (evaluation "
             f"and start-up not counted); {dirty} of {len(runs)} runs were trained from a modified tree.")
-
-
-def chosen_runs(folder: Path) -> dict[str, tuple[dict, list[dict]]]:
-    """variant -> (its tuning.json record, its runs at the chosen lr) of a study folder (one depth)."""
-    if missing := [name for name in ("tuning.json", "results.json") if not (folder / name).is_file()]:
-        raise UserError(f"{folder} has no {' or '.join(missing)}: pass a folder scripts/run_ablation.py "
-                        "--tune_lr wrote (its report is written when the study's runs are finished)")
-    rows = json.loads((folder / "results.json").read_text())
-    return {t["variant"]: (t, [r for r in rows if r["variant"] == t["variant"] and r["depth"] == t["depth"]
-                               and r["args"]["learning_rate"] == t["chosen_lr"]])
-            for t in json.loads((folder / "tuning.json").read_text())}
 
 
 def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = None) -> None:

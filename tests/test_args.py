@@ -2,12 +2,11 @@
 written, and the architecture from --preset, then --variant, then the flags given, in the flags' own words."""
 
 import pytest
-import torch
 
 from common.cli import UserError
 from model import PRESETS, SWITCHES, MiniMindConfig, norm_variant, variant_problem
 from study.variants import VARIANTS, variant_flags
-from trainer.args import BOOKKEEPING, MUST_MATCH, arch_fields, build_parser, final_lr, parse_args
+from trainer.args import BOOKKEEPING, MUST_MATCH, build_parser, final_lr, parse_args
 
 # Every flag the trainer accepts. A flag added or removed fails this test on purpose: a new flag is a new
 # promise to users (and to the runs they resume), so it is added here by hand, with its role in args.py.
@@ -37,7 +36,7 @@ FLAG_OF = {switch.name: switch.flag_name for switch in SWITCHES}
 
 def config_of(*flags) -> MiniMindConfig:
     """The model config a command line gives on the CPU."""
-    return MiniMindConfig(**arch_fields(parse_args(["--device", "cpu", *flags]), torch.device("cpu")))
+    return MiniMindConfig(**parse_args(["--device", "cpu", *flags]).arch)
 
 
 def as_flags(fields: dict) -> list[str]:
@@ -106,6 +105,14 @@ def test_what_argparse_cannot_check_is_one_line_in_the_flags_words(flags, messag
     assert str(err.value) == message
 
 
+def test_the_flags_are_resolved_once_and_read_only():
+    args = parse_args(["--device", "cpu", "--norm_position", "hybrid"])
+    assert (args.max_steps, args.hidden_size, args.qk_norm) == (760, None, "head")
+    assert args.arch["hidden_size"] == 128
+    with pytest.raises(AttributeError, match="resolved once"):
+        args.max_steps = 1
+
+
 def test_the_decay_ends_at_a_fraction_of_the_peak_unless_min_lr_is_given():
     def end(*flags):
         return final_lr(parse_args(["--device", "cpu", *flags]))
@@ -133,10 +140,10 @@ def test_hybridnorm_alone_implies_its_qkv_norm_and_a_contradiction_names_both_fl
 
 @pytest.mark.parametrize("name", [name for name in VARIANTS if variant_problem(name) is None])
 def test_variant_gives_the_fields_the_runner_passes_for_that_name(name):
-    by_name = arch_fields(parse_args(["--device", "cpu", "--variant", name]), torch.device("cpu"))
+    by_name = parse_args(["--device", "cpu", "--variant", name]).arch
     spelled = [arg for flag, value in variant_flags(name).items() if value is not False
                for arg in ([f"--{flag}"] if value is True else [f"--{flag}", str(value)])]
-    assert by_name == arch_fields(parse_args(["--device", "cpu", *spelled]), torch.device("cpu"))
+    assert by_name == parse_args(["--device", "cpu", *spelled]).arch
     assert norm_variant(MiniMindConfig(**by_name)) == name
 
 

@@ -12,12 +12,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import eval_llm
+import trainer.train_pretrain as tp
 from common.cli import UserError
 from data import DEFAULT_TOKENIZER_DIR
 from model import MiniMindForCausalLM
@@ -89,6 +91,10 @@ def test_a_fresh_run_into_a_used_folder_refuses_and_overwrite_discards_only_the_
     assert steps(run_copy) == ["step-000002"] and sorted(train_losses(run_copy)) == [1, 2]
     assert json.loads((run_copy / "summary.json").read_text())["max_steps"] == 2
     assert (run_copy / "notes.txt").read_text() == "the user's own"
+    (run_copy / ".lock").unlink()  # no run of this trainer: its wandb/ and step folders are not ours
+    with pytest.raises(UserError, match=r"no run of this trainer .* would have deleted step-000002, "):
+        run(run_copy, "--max_steps", 2, "--overwrite")
+    assert (run_copy / "step-000002").is_dir() and not (run_copy / ".lock").exists()
 
 
 def test_a_second_trainer_on_a_held_folder_is_refused(tmp_path, run):
@@ -113,42 +119,56 @@ def test_resume_without_a_checkpoint_is_one_line_and_its_advice_works(tmp_path, 
 def test_resume_falls_back_to_the_step_before_a_damaged_one_or_refuses_when_none_loads(run_copy, base_run,
                                                                                         run, capsys):
     truncate(run_copy / "step-000004" / "model.safetensors")
+    shutil.copytree(run_copy / "step-000004", run_copy / "step-000008")  # as if a newer version's
     capsys.readouterr()
     run(run_copy, "--max_steps", 6, "--resume")
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and f"{run_copy / 'step-000004'} cannot be loaded" in warnings[0]
+    assert len(warnings) == 2 and f"{run_copy / 'step-000004'} cannot be loaded" in warnings[1]
     losses = train_losses(run_copy)  # steps 3 and 4 trained again from step 2, exactly as the first time
     assert sorted(losses) == [1, 2, 3, 4, 5, 6]
     assert {k: losses[k] for k in range(1, 5)} == train_losses(base_run)
-    assert steps(run_copy) == ["step-000004", "step-000006"] and same_weights(run_copy / "step-000004",
-                                                                              base_run / "step-000004")
+    assert steps(run_copy) == ["step-000004", "step-000006", "step-000008"]
+    assert same_weights(run_copy / "step-000004", base_run / "step-000004")
     for folder in run_copy.glob("step-*"):
         truncate(folder / "model.safetensors")
-    with pytest.raises(UserError, match=r": no checkpoint loads \(step-000006: .*; step-000004: ") as refusal:
+    with pytest.raises(UserError, match=r": no checkpoint loads \(step-000008: .*; step-000004: ") as refusal:
         run(run_copy, "--max_steps", 8, "--resume")
     assert "\n" not in str(refusal.value)
 
 
-def crash_after_writing(real):
-    """A writer that writes its file or folder, then fails as a full disk does before the step is complete."""
-    def write(*args, **kwargs):
-        real(*args, **kwargs)
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    return write
+# A full disk as the OS reports it, and as torch.save does (measured on a full tmpfs), errno lost
+FULL_DISK = {"OSError": OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+             "torch": RuntimeError("basic_ios::clear: iostream error")}
 
 
+@pytest.mark.parametrize("error", FULL_DISK)
 @pytest.mark.parametrize("writer", [(torch, "save"), (MiniMindForCausalLM, "save_pretrained")],
                          ids=["training state", "weights"])
-def test_a_crash_while_saving_keeps_the_previous_step_and_no_half_written_one(writer, run_copy, run,
-                                                                              monkeypatch):
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_step(writer, error, run_copy, run,
+                                                                          monkeypatch):
+    def crash_after_writing(*args, **kwargs):
+        real(*args, **kwargs)
+        raise FULL_DISK[error]
+
     kept = snapshot(run_copy / "step-000004")
     with monkeypatch.context() as patch:
-        patch.setattr(*writer, crash_after_writing(getattr(*writer)))
-        with pytest.raises(OSError, match="No space left"):
+        real = getattr(*writer)
+        patch.setattr(*writer, crash_after_writing)
+        patch.setattr(checkpoint.shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
+        with pytest.raises(UserError, match="^out of disk space in .*: step-000006 was not saved, the"):
             run(run_copy, "--max_steps", 6, "--resume")
     assert steps(run_copy) == ["step-000002", "step-000004"] and snapshot(run_copy / "step-000004") == kept
     assert not [p for p in run_copy.iterdir() if p.name.startswith(".step") or p.suffix == ".tmp"]
     assert run(run_copy, "--max_steps", 6, "--resume")["step"] == 6  # the kept step resumes
+
+
+def test_a_step_is_on_disk_before_an_older_one_is_pruned(tmp_path, monkeypatch):
+    done = []
+    monkeypatch.setattr(checkpoint, "fsync", lambda path: done.append(f"fsync {path.name}"))
+    monkeypatch.setattr(checkpoint, "remove", lambda path: done.append(f"remove {path.name}"))
+    (tmp_path / "step-000001").mkdir()
+    checkpoint.save(tmp_path, 2, lambda folder: (folder / "weights").write_text("w"), keep=1)
+    assert done == ["fsync weights", "fsync .step-000002.tmp", "fsync " + tmp_path.name, "remove step-000001"]
 
 
 @pytest.mark.parametrize("keep", [1, 3])
@@ -187,11 +207,12 @@ def test_the_same_data_under_another_name_resumes(run_copy, run, tiny_corpus, tm
     assert run(run_copy, "--max_steps", 6, "--resume", "--data_path", "copy.jsonl")["step"] == 6
 
 
-def test_resume_takes_the_architecture_flags_not_given_from_the_checkpoint(tmp_path, run):
-    """The closing line of a stopped run says 'the same command with --resume'; a shorter one, without the
-    architecture flags, must continue the same model too (only a flag given that differs is refused)."""
+def test_resume_compares_the_resolved_flags_so_the_same_command_continues(tmp_path, run):
+    """'the same command with --resume' continues; a shorter one resolves to another model."""
     run(tmp_path / "run", "--max_steps", 2, "--norm", "layernorm", "--qk_norm", "head")
-    summary = run(tmp_path / "run", "--max_steps", 4, "--resume")
+    with pytest.raises(UserError, match="the checkpoint's model has --norm layernorm, not rmsnorm"):
+        run(tmp_path / "run", "--max_steps", 4, "--resume")
+    summary = run(tmp_path / "run", "--max_steps", 4, "--resume", "--norm", "layernorm", "--qk_norm", "head")
     assert summary["step"] == 4 and summary["variant"] == "pre+qk_head-layernorm"
 
 
@@ -205,11 +226,13 @@ class Planted:
 
 
 def test_a_training_state_whose_pickle_would_run_code_is_refused_and_never_runs(tmp_path, run):
+    """As is an older version's state: the refusal says what reads it and how to train on."""
     out, marker = tmp_path / "run", tmp_path / "marker"
     run(out, "--max_steps", 2)
-    state = out / "step-000002" / checkpoint.STATE_FILE
+    state = out / "step-000002" / tp.STATE_FILE
     torch.save({**torch.load(state, weights_only=True), "sampler": [Planted(marker)]}, state)
-    with pytest.raises(UserError, match=r"no checkpoint loads \(step-000002: .*"):
+    with pytest.raises(UserError, match=r"does not read \(an older version's, or one that would run code\); "
+                                        r"eval_llm.py reads its weights, and a new --out_dir"):
         run(out, "--max_steps", 4, "--resume")
     assert not marker.exists()
     torch.load(state, weights_only=False)  # the check has teeth: an unrestricted load runs it
@@ -217,15 +240,16 @@ def test_a_training_state_whose_pickle_would_run_code_is_refused_and_never_runs(
 
 
 def test_a_link_planted_in_a_run_folder_is_replaced_and_its_target_untouched(run_copy, run, tmp_path):
-    targets = {name: tmp_path / f"victim-{name}" for name in ("layers.png", "summary.json")}
+    targets = {name: tmp_path / f"victim-{name}" for name in ("layers.png", "summary.json", "metrics.jsonl")}
     for name, target in targets.items():
-        target.write_text("someone else's file")
+        if name != "metrics.jsonl":  # left dangling
+            target.write_text("someone else's file")
         (run_copy / name).unlink(missing_ok=True)
         (run_copy / name).symlink_to(target)
     run(run_copy, "--max_steps", 6, "--resume", draw=True)
     for name, target in targets.items():
         assert not (run_copy / name).is_symlink() and (run_copy / name).stat().st_size > 0, name
-        assert target.read_text() == "someone else's file", name
+        assert not target.exists() if name == "metrics.jsonl" else target.read_text() == "someone else's file"
     assert json.loads((run_copy / "summary.json").read_text())["step"] == 6
 
 

@@ -18,7 +18,7 @@ def write_run(folder, variant: str, seed: int, loss: float, failed: bool = False
     run.mkdir(parents=True)
     args = {"learning_rate": 4e-3, "num_hidden_layers": 8, "optimizer": "adamw", "max_steps": 100,
             "batch_size": 8, "max_seq_len": 256, "accumulation_steps": 1, "num_attention_heads": 8,
-            "data_path": None}
+            "hidden_size": 128, "data_path": None}
     summary = {"variant": variant, "seed": seed, "val_loss": loss, "diverged": False, "plateaued": failed,
                "max_steps": 100, "args": args, "num_params": 2e6, "hidden_size": 128, "environment": cpu,
                "data": {"train": {"num_tokens": 204_800}}}

@@ -22,13 +22,14 @@ def test_the_libraries_machine_threads_and_date():
     env = environment(torch.device("cpu"))
     assert env["torch"] == torch.__version__ and env["threads"] == torch.get_num_threads()
     assert env["transformers"][0].isdigit() and env["datasets"][0].isdigit()
-    assert env["device"] == env["cpu"] and {k: env[k] for k in ("cpu", "cpu_isa")} == provenance.cpu()
+    assert env["device"] == env["cpu"] == provenance.cpu_model()
+    assert env["cpu_isa"] == [torch.backends.cpu.get_cpu_capability()]
     date = datetime.fromisoformat(env["date"])
     assert date.utcoffset() == timedelta(0) and abs(datetime.now(timezone.utc) - date) < timedelta(hours=1)
     assert describe(env).startswith(f"Produced {env['date']} by commit ")
 
 
-def test_the_commit_and_whether_tracked_files_differ(tmp_path, monkeypatch):
+def test_the_commit_and_whether_the_files_differ(tmp_path, monkeypatch):
     monkeypatch.setattr(provenance, "REPO", tmp_path)
     git(tmp_path, "init", "-q")
     (tmp_path / "code.py").write_text("x = 1\n")
@@ -38,8 +39,12 @@ def test_the_commit_and_whether_tracked_files_differ(tmp_path, monkeypatch):
                           text=True).stdout
     env = environment()
     assert env["git_commit"] == head.strip() and env["git_dirty"] is False
-    (tmp_path / "notes.txt").write_text("untracked files do not change what the code computes\n")
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "summary.json").write_text("{}\n")  # a study's own output
     assert environment()["git_dirty"] is False
+    (tmp_path / "helper.py").write_text("y = 1\n")  # untracked, yet code a run may import
+    assert environment()["git_dirty"] is True
+    (tmp_path / "helper.py").unlink()
     (tmp_path / "code.py").write_text("x = 2\n")
     env = environment()
     assert env["git_dirty"] is True and f"commit {head[:12]} (dirty)" in describe(env)
@@ -75,19 +80,14 @@ def test_tokenizing_uses_the_cores_the_process_may_use(tmp_path, tiny_corpus, ti
         os.sched_setaffinity(0, before)
 
 
-@pytest.mark.parametrize("cpuinfo, model, isa", [
-    ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"
-     "flags\t\t: fpu sse4_2 avx avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n\n"
-     "processor\t: 1\nflags\t\t: fpu sse4_2 avx avx2\n",  # the first processor's entry is the one recorded
-     "Intel(R) Xeon(R) Processor", ["AVX2", "AVX-512", "AMX"]),
-    ("model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse4_2 avx avx2\n", "AMD EPYC 7B13", ["AVX2"]),
-    ("processor\t: 0\nFeatures\t: fp asimd\n", None, []),  # an Arm CPU: none of them, no model name
-    (None, None, None),  # no /proc (macOS): unknown
+@pytest.mark.parametrize("cpuinfo, model", [
+    ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n\nmodel name\t: other\n",
+     "Intel(R) Xeon(R) Processor"),  # the first processor's entry
+    (None, None),  # no /proc (macOS)
 ])
-def test_the_cpu_model_and_extensions_come_from_the_kernel(tmp_path, cpuinfo, model, isa):
+def test_the_cpu_model_comes_from_the_kernel(tmp_path, cpuinfo, model):
     path = tmp_path / "cpuinfo"
     if cpuinfo is not None:
         path.write_text(cpuinfo)
-    found = provenance.cpu(path)
-    assert found["cpu_isa"] == isa
-    assert found["cpu"] == (model or provenance.platform.processor() or provenance.platform.machine())
+    fallback = provenance.platform.processor() or provenance.platform.machine()
+    assert provenance.cpu_model(path) == (model or fallback)

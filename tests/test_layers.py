@@ -21,14 +21,17 @@ ALLOWED = {
 }
 
 
-def imported_modules(source: str) -> list[str]:
-    """Every module a file imports, anywhere in it, as dotted names (`from scripts import x`: scripts.x)."""
+def imported_modules(source: str, package: tuple[str, ...] = ()) -> list[str]:
+    """Every module a file imports, anywhere in it, as dotted names (`from scripts import x`:
+    scripts.x), a relative import resolved against the file's package."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) + 1 - node.level] if node.level else ()
+            module = ".".join([*base, *(node.module or "").split(".")]).strip(".")
+            found += [module] + [f"{module}.{alias.name}" for alias in node.names]
     return found
 
 
@@ -52,6 +55,12 @@ def violations(repo: Path) -> list[str]:
     return found
 
 
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
 def test_no_import_runs_up_the_layers_or_between_scripts_or_into_extras():
     assert violations(REPO) == []
 
@@ -73,9 +82,7 @@ def test_an_upward_script_to_script_or_extras_import_is_found(tmp_path):
                                      "from extras.interop import x\n"
                                      "from study import runner\nimport scripts.a\n",
     }
-    for name, source in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(source)
+    write_tree(tmp_path, files)
     assert violations(tmp_path) == [
         "eval_llm.py: imports scripts.a", "eval_llm.py: imports extras",
         "common/cli.py: imports model", "common/cli.py: imports model.MiniMindConfig",
@@ -93,43 +100,61 @@ def test_an_upward_script_to_script_or_extras_import_is_found(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Line budgets: `wc -l` of the tracked .py files of each area. A feature that does not fit is logged in
-# docs/LOG.md and removed, rather than squeezed in (tests/README.md).
-
-STUDY_SCRIPTS = ["scripts/run_ablation.py", "scripts/write_claims.py"]
-BUDGETS = {  # area: (what it counts, at most this many lines)
-    "core": (["model", "data", "trainer", "common", "eval_llm.py"], 3000),
-    "what trainer/train_pretrain.py imports": (["trainer/train_pretrain.py+"], 2700),
-    "reading path": (["model/model_minimind.py", "model/norms.py", "trainer/train_pretrain.py"], 1200),
-    "trainer/train_pretrain.py": (["trainer/train_pretrain.py"], 450),
-    "study": (["study", *STUDY_SCRIPTS], 1250),
+# Line budgets: `wc -l` of the Python files of each budget; every Python file is in exactly one area,
+# so a file in a new folder fails until an area owns it. What does not fit is logged in docs/LOG.md
+# and removed, not squeezed in. Held where they stand, short of their targets (docs/LOG.md,
+# 2026-11-27): the core (2,850), what the trainer imports (2,550), train_pretrain.py (450).
+AREAS = {  # area: the folders and files it owns
+    "core": ["model", "data", "trainer", "common", "eval_llm.py"],
+    "study": ["study", "scripts/run_ablation.py", "scripts/write_claims.py"],
+    "scripts": ["scripts/train_tokenizer.py", "scripts/why_normalization.py"],
+    "extras": ["extras/interop", "extras/bench", "extras/__init__.py"],
+    "tests": ["tests", "extras/tests", "conftest.py"],
+}
+BUDGETS = {  # what it counts (areas, files, or a file and what it imports: "+"), at most this many lines
+    "core": (["core"], 3052),
+    "what trainer/train_pretrain.py imports": (["trainer/train_pretrain.py+"], 2764),
+    "reading path": (["model/model_minimind.py", "model/norms.py", "trainer/train_pretrain.py"], 1150),
+    "trainer/train_pretrain.py": (["trainer/train_pretrain.py"], 471),
+    "trainer/checkpoint.py": (["trainer/checkpoint.py"], 150),
+    "study": (["study"], 1250),
     "study/parallel.py": (["study/parallel.py"], 60),
-    "extras": (["extras/interop", "extras/bench", "extras/__init__.py"], 1350),
-    "all product Python": (["model", "data", "trainer", "common", "eval_llm.py", "study", "scripts",
-                            "extras/interop",
-                            "extras/bench", "extras/__init__.py"], 5600),
-    "tests": (["tests", "extras/tests", "conftest.py"], 5200),
+    "extras": (["extras"], 1350),
+    "all product Python": (["core", "study", "scripts", "extras"], 5600),
+    "tests": (["tests"], 5200),
 }
 
 
-def tracked_python(repo: Path) -> list[Path]:
+def python_files(repo: Path) -> list[Path]:
     """The repository's Python files, without walking the virtual environment or the results (slow)."""
     tops = [p for p in repo.iterdir() if p.name not in {".venv", ".git", "docs", "out", "wandb"}]
     files = [p for top in tops for p in ([top] if top.is_file() else top.rglob("*.py"))]
     return sorted(p for p in files if p.suffix == ".py")
 
 
+def owners(repo: Path, path: Path) -> list[str]:
+    return [area for area, parts in AREAS.items()
+            if any(path == repo / part or repo / part in path.parents for part in parts)]
+
+
+def not_in_one_area(repo: Path) -> dict[str, list[str]]:
+    found = {str(p.relative_to(repo)): owners(repo, p) for p in python_files(repo)}
+    return {path: areas for path, areas in found.items() if len(areas) != 1}
+
+
 def closure(repo: Path, start: str) -> set[Path]:
-    """The project files a file imports, transitively, itself included."""
+    """The project files a file imports, transitively, itself and every package on the way included."""
     found, todo = set(), [repo / start]
     while todo:
         path = todo.pop()
         if path in found or not path.is_file():
             continue
         found.add(path)
-        for module in imported_modules(path.read_text(encoding="utf-8")):
-            base = repo.joinpath(*module.split("."))
-            todo += [base.with_suffix(".py"), base / "__init__.py"]
+        for module in imported_modules(path.read_text(encoding="utf-8"), path.relative_to(repo).parent.parts):
+            parts = module.split(".")
+            for depth in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__.py first
+                base = repo.joinpath(*parts[:depth])
+                todo += [base.with_suffix(".py"), base / "__init__.py"]
     return found
 
 
@@ -139,29 +164,31 @@ def lines(repo: Path, parts: list[str]) -> int:
         if part.endswith("+"):
             files |= closure(repo, part[:-1])
         else:
-            files |= {p for p in tracked_python(repo) if p == repo / part or repo / part in p.parents}
+            files |= {p for p in python_files(repo) if part in owners(repo, p) or p == repo / part}
     return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in files)
 
 
-def test_every_area_keeps_its_line_budget():
-    over = {area: (lines(REPO, parts), budget) for area, (parts, budget) in BUDGETS.items()}
-    assert {area: n for area, n in over.items() if n[0] > n[1]} == {}
+def test_every_python_file_is_in_one_area_and_every_budget_is_kept():
+    assert not_in_one_area(REPO) == {}
+    over = {budget: (lines(REPO, parts), most) for budget, (parts, most) in BUDGETS.items()}
+    assert {budget: n for budget, n in over.items() if n[0] > n[1]} == {}
 
 
 def test_the_training_step_stays_a_page():
-    """nanoGPT's whole step is 79 lines; train_loop is held to 100."""
+    """nanoGPT's whole step is 79 lines; train_loop is held to 80."""
     tree = ast.parse((REPO / "trainer/train_pretrain.py").read_text(encoding="utf-8"))
     loop = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "train_loop")
-    assert loop.end_lineno - loop.lineno + 1 <= 100
+    assert loop.end_lineno - loop.lineno + 1 <= 80
 
 
-def test_a_budget_counts_every_file_of_its_area_and_what_it_imports(tmp_path):
-    files = {"trainer/train_pretrain.py": "from trainer import checkpoint\nimport model\n",
-             "trainer/checkpoint.py": "import json\n\n\n", "trainer/unused.py": "x = 1\n",
-             "model/__init__.py": "from model.norms import RMSNorm\n", "model/norms.py": "a\nb\n",
-             ".venv/lib/x.py": "ignored\n"}
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    assert lines(tmp_path, ["trainer"]) == 2 + 3 + 1
-    assert lines(tmp_path, ["trainer/train_pretrain.py+"]) == 2 + 3 + 1 + 2
+def test_a_budget_counts_packages_and_relative_imports_and_a_file_in_a_new_folder_fails(tmp_path):
+    files = {"trainer/train_pretrain.py": "from trainer import checkpoint\nimport model.norms\n",
+             "trainer/checkpoint.py": "from .plots import x\n\n", "trainer/plots.py": "x = 1\n",
+             "trainer/unused.py": "y = 1\n", "trainer/__init__.py": "\n",
+             "model/__init__.py": "a\nb\nc\n", "model/norms.py": "a\nb\n", ".venv/lib/x.py": "ignored\n"}
+    write_tree(tmp_path, files)
+    assert lines(tmp_path, ["core"]) == 2 + 2 + 1 + 1 + 1 + 3 + 2
+    assert lines(tmp_path, ["trainer/train_pretrain.py+"]) == 2 + 2 + 1 + 1 + 3 + 2  # not unused.py
+    assert not_in_one_area(tmp_path) == {}
+    write_tree(tmp_path, {"extras/viz/plot.py": "z = 1\n", "scripts/new_study.py": "z = 1\n"})
+    assert not_in_one_area(tmp_path) == {"extras/viz/plot.py": [], "scripts/new_study.py": []}

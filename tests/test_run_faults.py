@@ -106,26 +106,25 @@ def test_a_validation_loss_back_at_ln_v_after_learning_stops_the_run_unsaved(fla
 
 
 def test_an_update_that_made_weights_non_finite_is_never_saved(flags, monkeypatch, tmp_path):
-    """The update of step 4 turns a weight into NaN from finite gradients (as --learning_rate 1e38 can); the
-    loss would show it at step 5, but step 4 saves: the weights are checked first, the run stops at step 3."""
-    calls, step_unless = [], tp.step_unless
+    """Step 4's update turns a weight into NaN from finite gradients; step 4 saves, unless checked."""
+    calls, adamw_step = [], torch.optim.AdamW.step
 
-    def poisoning_step(optimizer, skip):
-        step_unless(optimizer, skip)
+    def poisoning_step(self, *args, **kwargs):
+        adamw_step(self, *args, **kwargs)
         calls.append(1)
         if len(calls) == 4:
             with torch.no_grad():
-                optimizer.param_groups[0]["params"][0].view(-1)[0] = math.nan
-    monkeypatch.setattr(tp, "step_unless", poisoning_step)
+                self.param_groups[0]["params"][0].view(-1)[0] = math.nan
+    monkeypatch.setattr(torch.optim.AdamW, "step", poisoning_step)
     argv = flags("--max_steps", 6, "--save_interval", 2)
     message = refusal(argv)
-    assert message.startswith("the loss, gradient or weights became non-finite at step 4: lower --learning")
+    assert message.startswith("the loss or the weights became non-finite by step 4: lower --learning")
     assert message.endswith("nothing after step-000002 was saved, and --resume continues from it")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["diverged"] and summary["step"] == 3
+    assert summary["diverged"] and summary["step"] == 4
     assert [p.name for p in step_folders(summary["out_dir"])] == ["step-000002"]
 
-    monkeypatch.setattr(tp, "step_unless", step_unless)  # what the message says to run works
+    monkeypatch.setattr(torch.optim.AdamW, "step", adamw_step)  # what the message says to run works
     assert not tp.train(parse_args([*argv, "--resume", "--learning_rate", "1e-3"]))["diverged"]
 
 

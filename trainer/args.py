@@ -1,5 +1,5 @@
-"""Every training flag in one place: its default, its type (argparse checks the value) and whether it must
-match on --resume. The trainer and the ablation runner share it."""
+"""Every training flag in one place: its default, its type (argparse checks the value) and whether
+it must match on --resume. The trainer and the ablation runner share it."""
 
 import argparse
 
@@ -9,24 +9,24 @@ from model.model_minimind import config_problem, with_implied
 from trainer.optim import OPTIMIZERS
 from trainer.runtime import pick_device
 
-# Defaults that depend on the device. The no-flag CPU run finishes in minutes on 2 cores: a narrower model,
-# and the batch, steps and lr that won a sweep (docs/training.md). CUDA: MiniMind2-small, 128 x 256 tokens per
-# GPU per micro-step, one pass over the embedded corpus (docs/gpu.md). diag_interval None: --log_interval.
+# Defaults that depend on the device. CPU: minutes on 2 cores, a narrower model and the batch, steps
+# and lr that won a sweep (docs/training.md); diag_interval None is --log_interval. CUDA:
+# MiniMind2-small, 128 x 256 tokens per GPU per micro-step, one pass over the plays (docs/gpu.md).
 DEVICE_DEFAULTS = {
     "cpu": {"hidden_size": 128, "batch_size": 8, "max_steps": 760, "learning_rate": 6e-3, "warmup_steps": 100,
             "diag_interval": None},
     "cuda": {"hidden_size": 512, "batch_size": 128, "max_steps": 50, "learning_rate": 3e-3,
              "warmup_steps": 10, "diag_interval": 100},
 }
-# Flags a --resume must repeat: they fix what the run computes (the architecture is compared with the
-# checkpoint's model, the data by its fingerprint). Lr, schedule and intervals may change, to train further.
+# Flags a --resume must repeat besides the architecture and the data: they fix what the run
+# computes. Lr, schedule and intervals may change, to train further.
 MUST_MATCH = ("max_seq_len", "optimizer", "batch_size", "accumulation_steps", "weight_decay",
               "norm_weight_decay", "seed")
 # Flags that never change what a run computes: a study may vary them and still reuse a finished run.
 BOOKKEEPING = ("out_dir", "resume", "overwrite", "keep_checkpoints", "no_layers_plot", "num_proc",
-               "arch_given", "dist_timeout", "use_wandb", "wandb_project", "wandb_run_name", "wandb_group",
+               "dist_timeout", "use_wandb", "wandb_project", "wandb_run_name", "wandb_group",
                "wandb_job")
-# What a run is to its study (a wandb tag): a plain run, a point of an lr grid, another seed at the chosen lr.
+# What a run is to its study (a wandb tag): a run, an lr grid's point, a seed at the chosen lr
 WANDB_JOBS = ("run", "grid", "seed")
 
 
@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "pre-rmsnorm, post-layernorm, pre+qk_head-rmsnorm, peri+qkv-rmsnorm, rezero, "
                        "nanochat, ...")
     for switch in SWITCHES:
-        names = [f"--{switch.name}"] + ([f"--{switch.flag}"] if switch.flag else [])  # --norm_type, --norm
+        # --norm_type, --norm
+        names = [f"--{switch.name}"] + ([f"--{switch.flag}"] if switch.flag else [])
         if switch.type is bool:
             model.add_argument(*names, action="store_true", dest=switch.flag_name, help=switch.help)
         else:  # the width stays unset here: the device decides it
@@ -95,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--save_interval", type=positive_int, default=200, help="steps between checkpoints")
     fresh = run.add_mutually_exclusive_group()
     fresh.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that loads")
-    fresh.add_argument("--overwrite", action="store_true", help="discard the run in --out_dir, start afresh")
+    fresh.add_argument("--overwrite", action="store_true", help="discard the run in --out_dir and start "
+                       "afresh: only in a folder the trainer made (it holds .lock), and only its step-N "
+                       "folders, metrics, summary, layers.png and wandb/")
     run.add_argument("--keep_checkpoints", type=positive_int, default=2, help="newest checkpoints to keep")
     run.add_argument("--no_layers_plot", action="store_true", help="skip layers.png at the end")
     run.add_argument("--num_proc", type=positive_int, help="tokenizer processes (default: the usable cores)")
@@ -109,8 +112,28 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--wandb_run_name", help="wandb run name (default: <variant>-s<seed>)")
     log.add_argument("--wandb_group", help="wandb group (the ablation runner sets one per study)")
     log.add_argument("--wandb_job", default="run", choices=WANDB_JOBS, help="what the run is to its study")
-    p.set_defaults(arch_given=[])  # (parse_args fills it)
     return p
+
+
+class RunConfig(argparse.Namespace):
+    """Every flag of one run, resolved once by resolve() and read-only from then on, so what a run
+    records (vars(run), in its checkpoints and summary) is what it read."""
+
+    def __init__(self, values: dict):
+        self.__dict__.update(values)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"the run's flags are resolved once (trainer/args.py): cannot set {name}")
+
+    @property
+    def arch(self) -> dict:
+        """The model config's fields: the switches, the width the device's default when unset."""
+        fields = {switch.name: getattr(self, switch.flag_name) for switch in SWITCHES}
+        return fields | {"hidden_size": self.hidden_size or device_defaults(self.device)["hidden_size"]}
+
+
+def device_defaults(device: str) -> dict:
+    return DEVICE_DEFAULTS["cuda" if pick_device(device).type == "cuda" else "cpu"]
 
 
 def final_lr(args: argparse.Namespace) -> float:
@@ -118,46 +141,38 @@ def final_lr(args: argparse.Namespace) -> float:
     return args.min_lr if args.min_lr is not None else args.min_lr_ratio * args.learning_rate
 
 
-def arch_fields(args: argparse.Namespace, device) -> dict:
-    """The model-config fields the flags set (the width from the device's defaults when unset); a UserError in
-    the flags' own words when they make no model."""
-    fields = {switch.name: getattr(args, switch.flag_name) for switch in SWITCHES}
-    default_width = DEVICE_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]["hidden_size"]
-    fields["hidden_size"] = fields["hidden_size"] or default_width
-    names = {switch.name: f"--{switch.flag_name}" for switch in SWITCHES}
-    if problem := config_problem(fields, name=names.get):
+def resolve(args: argparse.Namespace) -> RunConfig:
+    """The flags as the run reads them: the device's defaults (DEVICE_DEFAULTS) for those unset, the
+    switches the placement implies (with_implied); the width stays unset, so that a run's recorded
+    flags keep their meaning. What argparse cannot check alone is one line naming the flag."""
+    values = dict(vars(args))
+    defaults = device_defaults(args.device)
+    for name, value in defaults.items():
+        if name != "hidden_size" and values[name] is None:
+            values[name] = value
+    values["diag_interval"] = values["diag_interval"] or values["log_interval"]
+    width = values["hidden_size"] or defaults["hidden_size"]
+    switches = with_implied({s.name: values[s.flag_name] for s in SWITCHES} | {"hidden_size": width})
+    if problem := config_problem(switches, name={s.name: f"--{s.flag_name}" for s in SWITCHES}.get):
         raise UserError(problem)
-    return fields
-
-
-def fill_device_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """The unset flags of DEVICE_DEFAULTS for the run's device, and the switches the placement implies; the
-    width stays unset (the config picks it), so that a run's recorded flags keep their meaning."""
-    device = "cuda" if pick_device(args.device).type == "cuda" else "cpu"
-    for name, value in DEVICE_DEFAULTS[device].items():
-        if name != "hidden_size" and getattr(args, name) is None:
-            setattr(args, name, value)
-    args.diag_interval = args.diag_interval or args.log_interval
-    implied = with_implied({switch.name: getattr(args, switch.flag_name) for switch in SWITCHES})
-    for switch in SWITCHES:
-        if getattr(args, switch.flag_name) is None:
-            setattr(args, switch.flag_name, getattr(implied, switch.name))
-    return args
-
-
-def validate(args: argparse.Namespace) -> argparse.Namespace:
-    """What argparse cannot check alone, as one line naming the flag, before anything is loaded or written."""
-    fill_device_defaults(args)
-    arch_fields(args, pick_device(args.device))
-    if not 0 <= final_lr(args) <= args.learning_rate:  # the cosine "decay" would raise the rate from the peak
-        raise UserError(f"the decay would end at {final_lr(args):g}, not in [0, --learning_rate "
-                        f"{args.learning_rate:g}]; set --min_lr_ratio in [0, 1], or --min_lr at most "
+    for switch in SWITCHES:  # what the placement implies (HybridNorm's q, k and v norms)
+        if values[switch.flag_name] is None and switch.name != "hidden_size":
+            values[switch.flag_name] = getattr(switches, switch.name)
+    run = RunConfig(values)
+    if not 0 <= final_lr(run) <= run.learning_rate:  # the cosine "decay" would raise the rate
+        raise UserError(f"the decay would end at {final_lr(run):g}, not in [0, --learning_rate "
+                        f"{run.learning_rate:g}]; set --min_lr_ratio in [0, 1], or --min_lr at most "
                         "--learning_rate")
-    return args
+    return run
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The flags, checked; a --preset's, then a --variant's fields set the architecture flags not given."""
+# the names the study calls it by (study/runner.py, scripts/run_ablation.py)
+validate = fill_device_defaults = resolve
+
+
+def parse_args(argv: list[str] | None = None) -> RunConfig:
+    """The command line resolved: a --preset's, then a --variant's fields set the architecture flags
+    not given, then resolve() the rest."""
     parser = build_parser()
     args = parser.parse_args(argv)
     fields = dict(PRESETS[args.preset]) if args.preset else {}
@@ -166,12 +181,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             fields |= variant_fields(args.variant)
         except ValueError as err:
             raise UserError(f"--{err}") from None
-    for action in parser._actions:  # what the command line gives itself wins over the preset and the variant
+    for action in parser._actions:  # what the command line gives wins over preset and variant
         action.default = argparse.SUPPRESS
     given = vars(parser.parse_args(argv))
     for switch in SWITCHES:
         if switch.name in fields and switch.flag_name not in given:
             setattr(args, switch.flag_name, fields[switch.name])
-    # on --resume the checkpoint's model decides; only the architecture these set must agree with it
-    args.arch_given = sorted(s.flag_name for s in SWITCHES if s.flag_name in given or s.name in fields)
-    return validate(args)
+    return resolve(args)

@@ -1,4 +1,4 @@
-"""The figure every training run draws (layers.png: per-layer profiles) and helpers study/plots.py shares."""
+"""The figure every run draws (layers.png: per-layer profiles) and helpers study/plots.py shares."""
 
 from pathlib import Path
 
@@ -19,12 +19,12 @@ LAYER_PANELS = (
 
 
 def line_style(index: int) -> dict:
-    """The ten default colours, then dashed, dotted, ...: no two of 17 variants alike in a legend."""
+    """The ten default colours, then dashed, dotted, ...: no two of 17 variants alike."""
     return {"color": f"C{index % 10}", "ls": ("-", "--", ":", "-.")[index // 10 % 4]}
 
 
 def pyplot():
-    """matplotlib's pyplot, imported on the first figure (it takes seconds) and drawing to files only."""
+    """matplotlib's pyplot, imported on the first figure (it takes seconds), drawing to files."""
     import matplotlib
 
     matplotlib.use("Agg")  # never needs a display
@@ -34,8 +34,8 @@ def pyplot():
 
 
 def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
-    """Each per-layer statistic against block index at the last step that recorded it, one line per run (a run
-    that never logged a statistic is left out of its panel)."""
+    """Each per-layer statistic against block index at the last step that recorded it, one line per
+    run (a run that never logged a statistic is left out of its panel)."""
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(2, 4, figsize=(18, 8))

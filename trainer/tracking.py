@@ -1,6 +1,6 @@
-"""Where metrics go: a JSONL file in the run's folder, and Weights & Biases when asked. wandb never asks for a
-login or retries a dead network for minutes: it is online only with WANDB_API_KEY (or WANDB_MODE), its start
-is bounded, and a failure there logs offline instead, with one warning line."""
+"""Where metrics go: a JSONL file in the run's folder, and Weights & Biases when asked. wandb never
+asks for a login or retries a dead network for minutes: it is online only with WANDB_API_KEY (or
+WANDB_MODE), its start is bounded, and a failure there logs offline instead, with a warning."""
 
 import contextlib
 import json
@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 from common.cli import first_line
+from common.fs import write_atomically
 
 
 def compact(value, digits: int = 5):
-    """Per-layer arrays, most of a metrics file, to 5 significant digits (float32 statistics hold about 7; the
-    figures need far fewer); scalars stay exact: the summary and a study's rules read them back."""
+    """Per-layer arrays, most of a metrics file, to 5 significant digits (float32 statistics hold
+    about 7; the figures need far fewer); scalars stay exact: summaries and studies read them."""
     if isinstance(value, list):
         return [compact(v, digits) if isinstance(v, list) else float(f"{v:.{digits}g}") for v in value]
     return value
@@ -32,8 +33,8 @@ def flatten(record: dict) -> dict:
 
 
 class Tracker:
-    """Appends every record to out_dir/metrics.jsonl and mirrors it to a wandb run; a context manager that
-    closes both, and marks the wandb run failed when the block raised."""
+    """Appends every record to out_dir/metrics.jsonl and mirrors it to a wandb run; a context
+    manager that closes both, and marks the wandb run failed when the block raised."""
 
     def __init__(self, out_dir: Path, use_wandb: bool, config: dict, project: str, name: str,
                  group: str | None, run_id: str | None, tags: list[str] = ()):
@@ -53,7 +54,8 @@ class Tracker:
                 print(f"warning: wandb could not start online ({first_line(err)}); logging offline",
                       file=sys.stderr)
                 self.run = wandb.init(mode="offline", settings=wandb.Settings(silent=True), **kwargs)
-            # x-axis: our own step, so that the steps a --resume trains again are not dropped as going back
+            # x-axis: our own step, so that the steps a --resume trains again are not dropped as
+            # going back
             self.run.define_metric("step")
             self.run.define_metric("*", step_metric="step")
 
@@ -78,14 +80,22 @@ class Tracker:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        self.close(failed=exc_type is not None)  # a runner that trains on must not keep the file open
+        # a runner that trains on must not keep the file open
+        self.close(failed=exc_type is not None)
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl file; a line that is not one (the last, cut short by a kill mid-write)
-    is skipped, and a --resume rewrites the file without it."""
+    """The records of a metrics.jsonl file; a line that is not one (the last, cut short by a kill
+    mid-write) is skipped, and a --resume rewrites the file without it."""
     records = []
     for line in Path(path).read_text(errors="replace").splitlines():
         with contextlib.suppress(json.JSONDecodeError):
             records.append(json.loads(line))
     return [r for r in records if isinstance(r, dict) and "step" in r and "split" in r]
+
+
+def keep_records_up_to(path: Path, step: int) -> None:
+    """On --resume, drop the records logged after the checkpoint's step: those steps train again.
+    Written afresh: a link at its path (even dangling) is replaced, never written through."""
+    records = read_metrics(path) if path.is_file() else []
+    write_atomically(path, "".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))

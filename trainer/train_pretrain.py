@@ -1,15 +1,16 @@
-"""Pretrain a MiniMind decoder: one process, or many under torchrun (DDP). Top to bottom: the divergence
-rules, the run's state, then train() (which the ablation runner calls too) and the phases it calls in order:
-load the data, start or resume, open the metrics, the loop, the summary."""
+"""Pretrain a MiniMind decoder: one process, or many under torchrun (DDP). Top to bottom: the run's
+state, then train() (which the ablation runner calls too) and the phases it calls in order: load the
+data, start or resume, open the metrics, the loop, the summary."""
 
 import json
 import math
 import os
+import pickle
 import shlex
 import statistics
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -22,69 +23,42 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
-from common.cli import UserError, first_line, run_cli
+from common.cli import UserError, run_cli
 from common.environment import environment
 from common.fs import write_atomically
 from data import BatchSampler, PackedTokens, bits_per_byte, load_tokenizer, prepare_split
-from model import MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
+from data.tokenizer import tokenizer_fingerprint
+from model import SWITCHES, MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.names import VARIANT_SWITCHES
 from model.norms import NORM_MODULES
-from trainer import checkpoint
-from trainer.args import arch_fields, final_lr, parse_args
+from trainer import checkpoint, runtime
+from trainer.args import MUST_MATCH, RunConfig, final_lr, parse_args
 from trainer.diagnostics import block_grad_norms, flops_per_token, layer_stats, peak_flops, peak_memory_mb
-from trainer.evaluation import evaluate, learned_nothing, plateaued, unigram_loss
-from trainer.optim import MuonWithAdamW, build_optimizer, lr_at, step_unless
+from trainer.evaluation import blown_up, evaluate, plateaued, unigram_loss, val_divergence
+from trainer.optim import MuonWithAdamW, build_optimizer, lr_at
 from trainer.plots import plot_layer_profiles
 from trainer.runtime import StopFlag, autocast, resolve_dtype, setup_distributed, to_device
-from trainer.tracking import Tracker, read_metrics
-
-# A run can diverge with finite numbers: the loss climbs to thousands of nats, or falls back to no better than
-# a unigram model once the logits ignore the input. A blow-up is measured from the larger of ln V and the
-# run's first loss (deepnorm without a norm starts near 3,200 nats and trains down). Only evaluations decide:
-# runs come back from a training spike, which is reported, not fatal (docs/training.md).
-BLOW_UP = 2  # a loss above BLOW_UP x that: far worse than where it started
-
-
-def blown_up(loss: float, start: float, vocab_size: int) -> str | None:
-    """'more than 2x <reference>' when a finite loss is far above where the run started; None otherwise."""
-    uniform = math.log(vocab_size)
-    if loss <= BLOW_UP * max(start, uniform):
-        return None
-    return f"more than {BLOW_UP}x " + (f"its first loss ({start:.4g})" if start > uniform else
-                                       f"the loss of a uniform guess (ln {vocab_size} = {uniform:.3f})")
-
-
-def val_divergence(loss: float, step: int, start: float, lowest: float, unigram: float,
-                   vocab_size: int) -> str | None:
-    """How a validation loss shows the run diverged, in words; None while it is healthy. `lowest` is the
-    lowest validation loss before it."""
-    if not math.isfinite(loss):  # finite weights whose forward overflows
-        return f"the validation loss was {loss} at step {step}"
-    if reference := blown_up(loss, start, vocab_size):
-        return f"the validation loss blew up to {loss:.4g} at step {step}, {reference}"
-    if learned_nothing(loss, unigram) and not learned_nothing(lowest, unigram):
-        return (f"the validation loss collapsed to {loss:.4f} at step {step}, no better than a unigram "
-                f"model's ({unigram:.3f}), after it had been down to {lowest:.3f}")
-    return None
+from trainer.tracking import Tracker, keep_records_up_to, read_metrics
 
 
 @dataclass
 class Job:
-    """What holds for the whole run: the flags, this process's place, its device and precision, the data, and
-    the model's sizes and cost per step (set once it is built)."""
-    args: object
+    """What holds for the whole run: the resolved flags, this process's place, its device and
+    precision, the data, and the model's sizes and cost per step (set once it is built)."""
+    args: RunConfig
     rank: int
     world_size: int
     device: torch.device
     dtype: torch.dtype
     tokenizer: object
+    environment: dict  # code, libraries, machine: read at the start, as the run began
     train: PackedTokens | None = None
     val: PackedTokens | None = None
-    fingerprint: dict | None = None  # checkpoint.data_fingerprint: what --resume compares
-    unigram: float = math.inf  # a context-free model's validation loss: a run no better learned nothing
+    fingerprint: dict | None = None  # the tokenizer's and splits' checksums: --resume compares them
+    unigram: float = math.inf  # a context-free model's validation loss: no better learned nothing
     num_params: int = 0
     tokens_per_step: int = 0
-    step_flops: float = 0.0
+    flops_per_token: float = 0.0
     peak_flops: float | None = None  # of all the devices together; None where unknown (no MFU then)
     started: float = 0.0  # time.perf_counter() at the start, for the elapsed times printed
 
@@ -95,6 +69,12 @@ class Job:
     @property
     def out_dir(self) -> Path:
         return Path(self.args.out_dir)
+
+    def mfu(self, tokens_per_s: float) -> float | None:  # model FLOPs utilization, where known
+        return None if self.peak_flops is None else tokens_per_s * self.flops_per_token / self.peak_flops
+
+    def elapsed(self) -> str:  # h:mm:ss since the start
+        return str(timedelta(seconds=round(time.perf_counter() - self.started)))
 
     @property
     def mixed_precision(self):
@@ -111,7 +91,7 @@ class TrainState:
     sampler: BatchSampler
     step: int = 0
     train_time: float = 0.0  # seconds of training steps, without evaluations and saves
-    start_loss: float | None = None  # the first step's loss (all ranks' mean), read at the first sync
+    start_loss: float | None = None  # the first step's loss (all ranks' mean), read at a sync
     lowest_val: float = math.inf  # the lowest validation loss so far (see val_divergence)
     run_id: str | None = None  # the wandb run a resumed run continues
     divergence: str | None = None  # how the run diverged, in words; None while it has not
@@ -119,46 +99,27 @@ class TrainState:
     last_val: dict | None = None
 
 
-RESUMED = ("step", "train_time", "start_loss", "lowest_val")  # TrainState fields a checkpoint carries by name
-
-
-@contextmanager
-def out_of_memory_in_one_line():
-    """torch's own allocator errors (CUDA's OutOfMemoryError, the CPU allocator's) as one line."""
-    try:
-        yield
-    except (torch.OutOfMemoryError, RuntimeError) as err:
-        if not isinstance(err, torch.OutOfMemoryError) and "can't allocate memory" not in str(err):
-            raise
-        raise UserError(f"the model or a training step does not fit in memory ({first_line(err)}); lower "
-                        "--batch_size (raising --accumulation_steps keeps the tokens per step), "
-                        "--hidden_size or --num_hidden_layers") from None
-
-
-def model_config(args, tokenizer, device: torch.device) -> MiniMindConfig:
-    """The model the flags ask for, checked before any data is touched; its context is --max_seq_len."""
-    return MiniMindConfig(**arch_fields(args, device), vocab_size=len(tokenizer),
-                          max_position_embeddings=args.max_seq_len, eos_token_id=tokenizer.eos_token_id,
-                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id)
+STATE_FILE = "training_state.pt"  # in each step folder, beside the model folder's files
+RESUMED = ("step", "train_time", "start_loss", "lowest_val")  # TrainState fields it carries
+STATE_KEYS = (*RESUMED, "optimizer", "scaler", "sampler", "wandb_run_id", "args", "data", "rng")
 
 
 def train(args) -> dict:
-    """Run one training job and return its summary: the outcome on every rank, all the numbers on rank 0,
-    which writes them to out_dir/summary.json and holds out_dir meanwhile."""
+    """Run one training job and return its summary: the outcome on every rank, all the numbers on
+    rank 0, which writes them to out_dir/summary.json and holds out_dir meanwhile."""
     rank, world_size, device = setup_distributed(args.device, args.dist_timeout)
-    if device.type == "cpu":  # subnormals (a run stuck at a plateau) compute ~7x slower; docs/training.md
+    if device.type == "cpu":  # subnormals (a plateaued run) compute ~7x slower; docs/training.md
         torch.set_flush_denormal(True)
     else:  # peak_mem_mb is this run's, also when one process trains many (the ablation runner)
         torch.cuda.reset_peak_memory_stats(device)
-    hf_logging.disable_progress_bar()  # save_pretrained's "Writing model shards" bar would bury the log
+    hf_logging.disable_progress_bar()  # save_pretrained's "Writing model shards" would bury the log
     job = Job(args, rank, world_size, device, resolve_dtype(args.dtype, device),
-              load_tokenizer(args.tokenizer_path), started=time.perf_counter())
-    config = None if args.resume else model_config(args, job.tokenizer, device)
+              load_tokenizer(args.tokenizer_path), environment(device), started=time.perf_counter())
     lock = checkpoint.claim(job.out_dir, args.resume, args.overwrite) if job.master else None
     try:
-        with out_of_memory_in_one_line():
+        with runtime.out_of_memory_in_one_line():
             load_data(job)
-            state = start_or_resume(job, config)
+            state = start_or_resume(job)
             tracker = open_tracking(job, state) if job.master else None
             with tracker or nullcontext():
                 train_loop(job, state, tracker)
@@ -169,9 +130,10 @@ def train(args) -> dict:
 
 
 def load_data(job: Job) -> None:
-    """The tokenized splits (one process per machine tokenizes and caches first, the others then read its
-    cache), their fingerprint and the unigram loss."""
-    args, first = job.args, job.world_size == 1 or int(os.environ["LOCAL_RANK"]) == 0
+    """The tokenized splits (one process per machine tokenizes and caches first, the others then
+    read its cache), their fingerprint and the unigram loss."""
+    args = job.args
+    first = job.world_size == 1 or int(os.environ["LOCAL_RANK"]) == 0
     if not first:
         dist.barrier()
     job.train, job.val = (prepare_split(args.data_path, split, job.tokenizer, args.text_field,
@@ -179,23 +141,28 @@ def load_data(job: Job) -> None:
                           for split in ("train", "validation"))
     if first and job.world_size > 1:
         dist.barrier()
-    for split in (job.train, job.val):  # a split too short for one window fails now, not at the first batch
+    for split in (job.train, job.val):  # a split too short for one window fails now, not later
         BatchSampler(split.tokens, 1, args.max_seq_len)
-    job.fingerprint = checkpoint.data_fingerprint(job.tokenizer, job.train, job.val)
+    splits = {s.split: {"num_tokens": s.num_tokens, "sha256": s.sha256} for s in (job.train, job.val)}
+    job.fingerprint = {"tokenizer": tokenizer_fingerprint(job.tokenizer), **splits}
     job.unigram = unigram_loss(job.train.tokens, job.val.tokens, len(job.tokenizer))
 
 
-def start_or_resume(job: Job, config: MiniMindConfig | None) -> TrainState:
-    """A fresh model, optimizer and sampler; or, with --resume, those of the newest checkpoint that loads."""
+def start_or_resume(job: Job) -> TrainState:
+    """A fresh model, optimizer and sampler; with --resume, the newest loadable checkpoint's."""
     args = job.args
     sampler = BatchSampler(job.train.tokens, args.batch_size, args.max_seq_len, seed=args.seed, rank=job.rank,
                            world_size=job.world_size)
     if args.resume:
-        raw_model, saved = checkpoint.load_checkpoint(job.out_dir)
-        checkpoint.check_resumable(saved, raw_model.config, args, job.fingerprint, job.world_size)
+        _, (raw_model, saved) = checkpoint.load_newest(job.out_dir, load_step)
+        check_resumable(job, saved, raw_model.config)
     else:
         torch.manual_seed(args.seed)
-        raw_model, saved = MiniMindForCausalLM(config), None
+        saved = None
+        tok = job.tokenizer
+        raw_model = MiniMindForCausalLM(MiniMindConfig(
+            **args.arch, vocab_size=len(tok), max_position_embeddings=args.max_seq_len,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id))
     raw_model.to(job.device).train()
     optimizer = build_optimizer(raw_model, args.learning_rate, args.weight_decay, args.norm_weight_decay,
                                 args.optimizer)
@@ -209,29 +176,69 @@ def start_or_resume(job: Job, config: MiniMindConfig | None) -> TrainState:
         for name in RESUMED:
             setattr(state, name, saved[name])
         state.run_id = saved["wandb_run_id"]
-        checkpoint.restore_rng(saved["rng"])
+        runtime.restore_rng(saved["rng"])
     if args.compile:
         state.model = torch.compile(raw_model)
     if job.world_size > 1:
         gpu = [job.device.index] if job.device.type == "cuda" else None
         state.model = DistributedDataParallel(state.model, device_ids=gpu)
-    cfg = raw_model.config
     job.num_params = sum(p.numel() for p in raw_model.parameters())
     job.tokens_per_step = args.batch_size * args.max_seq_len * args.accumulation_steps * job.world_size
-    job.step_flops = flops_per_token(job.num_params, cfg.num_hidden_layers, cfg.hidden_size,
-                                     args.max_seq_len) * job.tokens_per_step
+    job.flops_per_token = flops_per_token(job.num_params, raw_model.config.num_hidden_layers,
+                                          raw_model.config.hidden_size, args.max_seq_len)
     peak = peak_flops(job.device, job.dtype)
-    job.peak_flops = peak and peak * job.world_size
+    job.peak_flops = None if peak is None else peak * job.world_size
     return state
 
 
+def load_step(folder: Path) -> tuple[MiniMindForCausalLM, dict]:
+    """--resume's reader of one step folder: the model (float32) and the training state, which is
+    read with weights_only, so that a state that would run code when unpickled is refused."""
+    model = MiniMindForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    try:
+        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        state = {}
+    if not set(STATE_KEYS) <= state.keys():
+        raise UserError(f"--resume: {folder} holds a training state this trainer does not read (an "
+                        "older version's, or one that would run code); eval_llm.py reads its weights, "
+                        "and a new --out_dir (or --overwrite) starts a new run")
+    return model, state
+
+
+def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
+    """Refuse, in one line, a --resume whose resolved flags would not continue the checkpoint's run:
+    another value of a MUST_MATCH flag or switch, other data or tokenizer, other number of ranks."""
+    for name in MUST_MATCH:
+        given = getattr(job.args, name)
+        if saved["args"][name] != given:
+            raise UserError(f"--resume: the checkpoint was trained with --{name} {saved['args'][name]}, "
+                            f"not {given}; pass the same value, or start a new --out_dir")
+    arch = job.args.arch
+    for switch in SWITCHES:  # None: derived from the other switches, as the checkpoint's was
+        if arch[switch.name] is not None and arch[switch.name] != getattr(config, switch.name):
+            raise UserError(f"--resume: the checkpoint's model has --{switch.flag_name} "
+                            f"{getattr(config, switch.name)}, not {arch[switch.name]}; pass the same, "
+                            "or start a new --out_dir")
+    for part in ("tokenizer", "train", "validation"):
+        if saved["data"][part] != job.fingerprint[part]:
+            what = part if part == "tokenizer" else f"{part} split"
+            raise UserError(f"--resume: the {what} is not the checkpoint's; pass the original "
+                            "--data_path and --tokenizer_path, or start a new --out_dir")
+    if len(saved["sampler"]) != job.world_size:
+        raise UserError(f"--resume: the checkpoint was written by {len(saved['sampler'])} processes, "
+                        f"not {job.world_size}; resume with the same number of processes")
+
+
 def open_tracking(job: Job, state: TrainState) -> Tracker:
-    """Rank 0: the metrics file (on --resume without the records past the checkpoint) and wandb, with the
-    variant and each of its fields as tags to filter a study by; and the line saying what trains where."""
-    args, cfg = job.args, state.raw_model.config
+    """Rank 0: the metrics file (on --resume without the records past the checkpoint) and wandb,
+    tagged with the variant and its fields; and the line saying what trains where."""
+    args = job.args
+    cfg = state.raw_model.config
     if args.resume:
-        checkpoint.keep_metrics_up_to(job.out_dir / "metrics.jsonl", state.step)
-    variant, dtype = norm_variant(cfg), str(job.dtype).removeprefix("torch.")
+        keep_records_up_to(job.out_dir / "metrics.jsonl", state.step)
+    variant = norm_variant(cfg)
+    dtype = str(job.dtype).removeprefix("torch.")
     config = vars(args) | {"num_params": job.num_params, "world_size": job.world_size, "dtype": dtype,
                            "data": job.fingerprint}
     tags = [f"variant={variant}", f"layers={cfg.num_hidden_layers}", f"job={args.wandb_job}",
@@ -242,100 +249,77 @@ def open_tracking(job: Job, state: TrainState) -> Tracker:
           f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | {job.device} {dtype} "
           f"x{job.world_size} | train {job.train.num_tokens:,} tokens, val {job.val.num_tokens:,} tokens "
           f"({job.val.bytes_per_token:.2f} bytes/token)")
-    if job.train.bytes_per_token < 1.5:  # English gets about 3: e.g. Chinese text and the default tokenizer
+    if job.train.bytes_per_token < 1.5:  # English gets about 3; Chinese with the default tokenizer
         print("warning: the tokenizer covers this corpus poorly (the model spends its capacity spelling out "
               "bytes); pass one trained on it, from scripts/train_tokenizer.py", file=sys.stderr)
     return tracker
 
 
 def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
-    """Train to --max_steps, logging, evaluating and saving on their intervals; stop early, after saving, when
-    asked to (SIGTERM, Ctrl-C), or when the run diverges (state.step is then the last good step)."""
-    args, device, model, raw = job.args, job.device, state.model, state.raw_model
-    stop, vocab_size, t0 = StopFlag(), raw.config.vocab_size, time.perf_counter()
-    # The host reads the device only on steps that log, evaluate or save, so in between it queues work without
-    # waiting for a GPU: the losses sum up on the device, and so does the first step whose loss or gradient
-    # was non-finite (inf while none), from which on every update is skipped on the device.
-    first_bad = torch.full((), math.inf, device=device)
-    first_loss = torch.full((), math.nan, device=device)
-    window_loss, window_steps, window_start = torch.zeros((), device=device), 0, state.train_time
+    """Train to --max_steps, logging, evaluating and saving on their intervals: only then does the
+    host read the device, and it stops unsaved if the loss or a weight is not finite; it stops after
+    saving when asked to (SIGTERM, Ctrl-C), and when an evaluation shows the run diverged."""
+    args = job.args
+    raw = state.raw_model
+    stop = StopFlag()
+    t0 = time.perf_counter()
+    # the losses sum up on the device between the steps that read them: the host never waits
+    window_loss = torch.zeros((), device=job.device)
+    window_steps = 0
+    window_start = state.train_time
+    first_loss = torch.full((), math.nan, device=job.device)
     pbar = tqdm(total=args.max_steps, initial=state.step, disable=not job.master, desc="train")
 
-    def due(interval: int) -> bool:  # alike on every rank: all take part in the reductions of these steps
+    def due(interval: int) -> bool:  # alike on every rank: all take part in these steps' reductions
         return (state.step + 1) % interval == 0 or state.step + 1 == args.max_steps
 
     try:
         while state.step < args.max_steps:
-            lr = lr_at(state.step, args.lr_decay_steps or args.max_steps, args.learning_rate, final_lr(args),
-                       args.warmup_steps)
+            lr = lr_at(state.step, args.lr_decay_steps or args.max_steps, args.learning_rate,
+                       final_lr(args), args.warmup_steps)
             for group in state.optimizer.param_groups:
                 group["lr"] = lr
-            diag_now, eval_now, save_now = (due(args.diag_interval), due(args.eval_interval),
-                                            due(args.save_interval))
+            diag_now = due(args.diag_interval)
             log_now = due(args.log_interval) or diag_now
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(args.accumulation_steps):
-                x, y = to_device(next(state.sampler), device)
-                # DDP all-reduces the gradients on the last micro-step only; the others accumulate locally
-                last_micro = micro == args.accumulation_steps - 1
-                sync = nullcontext() if last_micro or job.world_size == 1 else model.no_sync()
-                with sync, job.mixed_precision:
-                    loss = model(input_ids=x, shift_labels=y).loss / args.accumulation_steps
-                state.scaler.scale(loss).backward()
-                loss_sum += loss.detach()
+            eval_now = due(args.eval_interval)
+            save_now = due(args.save_interval)
+            loss_sum, last_batch = micro_steps(job, state)
             state.scaler.unscale_(state.optimizer)
             layer_grads = block_grad_norms(raw.model.layers) if diag_now and job.master else None
             grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), args.grad_clip or math.inf)
-            # Divergence is a non-finite loss, or a non-finite gradient unless fp16's GradScaler is on: there
-            # an overflowing gradient is routine, the step is skipped and the scale lowered.
-            finite_grads = torch.isfinite(grad_norm)
-            finite = torch.isfinite(loss_sum) & (finite_grads | state.scaler.is_enabled())
-            first_bad = torch.where(~finite & first_bad.isinf(), state.step, first_bad)
-            step_unless(state.optimizer, first_bad.isfinite() | ~finite_grads)
-            if save_now or stop.requested:  # an update can overflow the weights from a finite gradient
-                weights_bad = ~torch.stack([p.isfinite().all() for p in raw.parameters()]).all()
-                first_bad = torch.where(weights_bad & first_bad.isinf(), state.step, first_bad)
+            state.scaler.step(state.optimizer)  # in fp16, skipped where the gradients overflowed
             state.scaler.update()
             state.optimizer.zero_grad(set_to_none=True)
             if state.step == 0:
                 first_loss = loss_sum
-            window_loss, window_steps, state.step = window_loss + loss_sum, window_steps + 1, state.step + 1
+            window_loss += loss_sum
+            window_steps += 1
+            state.step += 1
             pbar.update(1)
             if not (log_now or eval_now or save_now or (job.world_size == 1 and stop.requested)):
                 continue
-            # One small all-reduce of each kind, so that all ranks agree on when to stop (one that stopped
-            # alone would hang the others): losses and stop requests summed, the first bad step's minimum.
-            stops = torch.tensor(float(stop.requested), device=device)
-            summed = torch.stack([window_loss, stops, first_loss])
-            earliest_bad = first_bad.clone()
-            if job.world_size > 1:
-                dist.all_reduce(summed)
-                dist.all_reduce(earliest_bad, op=dist.ReduceOp.MIN)
-            window_sum, stops, first_sum = summed.tolist()
-            mean_loss, state.interrupted = window_sum / job.world_size / window_steps, stops > 0
-            state.start_loss = state.start_loss or first_sum / job.world_size
             state.train_time += time.perf_counter() - t0
-            if math.isfinite(earliest_bad := earliest_bad.item()):
-                state.step = int(earliest_bad)  # the steps before it were done, the rest skipped
-                state.divergence = f"the loss, gradient or weights became non-finite at step {state.step + 1}"
+            mean_loss = agree(job, state, window_loss, window_steps, first_loss, stop)
+            if state.divergence:
                 break
-            if (spike := blown_up(mean_loss, state.start_loss, vocab_size)) and job.master:
-                tqdm.write(f"warning: the training loss spiked to {mean_loss:.4g} at step {state.step}, "
-                           f"{spike}; the run goes on (only an evaluation can stop it)", file=sys.stderr)
             if log_now and job.master:
                 tokens_per_s = window_steps * job.tokens_per_step / (state.train_time - window_start)
                 tracker.log({"step": state.step, "split": "train", "loss": mean_loss, "lr": lr,
-                             "grad_norm": grad_norm.item(), **speed_and_memory(job, tokens_per_s),
+                             "grad_norm": grad_norm.item(), "tokens_per_s": tokens_per_s,
+                             "mfu": job.mfu(tokens_per_s), "peak_mem_mb": peak_memory_mb(job.device),
                              "train_time_s": state.train_time, "tokens": state.step * job.tokens_per_step,
-                             # untimed: a no-grad forward of the last micro-batch at the updated weights
-                             **(layer_stats(raw, x, job.mixed_precision, layer_grads) if diag_now else {})})
+                             # untimed: a no-grad forward of the last micro-batch, updated weights
+                             **(layer_stats(raw, last_batch, job.mixed_precision, layer_grads)
+                                if diag_now else {})})
                 pbar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:.0f}")
             if log_now:
-                window_loss, window_steps, window_start = torch.zeros((), device=device), 0, state.train_time
+                window_loss = torch.zeros((), device=job.device)
+                window_steps = 0
+                window_start = state.train_time
             if eval_now:
                 state.last_val = run_eval(job, state, tracker)
                 state.divergence = val_divergence(state.last_val["loss"], state.step, state.start_loss,
-                                                  state.lowest_val, job.unigram, vocab_size)
+                                                  state.lowest_val, job.unigram, raw.config.vocab_size)
                 state.lowest_val = min(state.lowest_val, state.last_val["loss"])
                 if state.divergence:  # finite, but no longer a model worth a checkpoint
                     break
@@ -349,15 +333,48 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
         stop.restore()
 
 
-def speed_and_memory(job: Job, tokens_per_s: float) -> dict:
-    """A training window's tokens/s, its model FLOPs utilization (where the device's peak is known) and the
-    peak memory so far."""
-    mfu = job.peak_flops and tokens_per_s * job.step_flops / job.tokens_per_step / job.peak_flops
-    return {"tokens_per_s": tokens_per_s, "mfu": mfu, "peak_mem_mb": peak_memory_mb(job.device)}
+def micro_steps(job: Job, state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward over --accumulation_steps micro-batches: their summed loss, on the
+    device, and the last micro-batch's inputs (for the per-block diagnostics)."""
+    steps = job.args.accumulation_steps
+    loss_sum = torch.zeros((), device=job.device)
+    for micro in range(steps):
+        x, y = to_device(next(state.sampler), job.device)
+        # DDP all-reduces the gradients on the last micro-step only; the others accumulate locally
+        sync = state.model.no_sync() if job.world_size > 1 and micro < steps - 1 else nullcontext()
+        with sync, job.mixed_precision:
+            loss = state.model(input_ids=x, shift_labels=y).loss / steps
+        state.scaler.scale(loss).backward()
+        loss_sum += loss.detach()
+    return loss_sum, x
+
+
+def agree(job: Job, state: TrainState, window_loss: torch.Tensor, window_steps: int,
+          first_loss: torch.Tensor, stop: StopFlag) -> float:
+    """One all-reduce where the host reads the device, so that all ranks stop at the same step: the
+    losses, stop requests and non-finite weights. Sets state.interrupted, start_loss, divergence."""
+    weights_bad = ~torch.stack([p.isfinite().all() for p in state.raw_model.parameters()]).all()
+    requested = torch.tensor(float(stop.requested), device=job.device)
+    summed = torch.stack([window_loss, first_loss, requested, weights_bad.float()])
+    if job.world_size > 1:
+        dist.all_reduce(summed)
+    window_sum, first_sum, stops, bad = summed.tolist()
+    mean_loss = window_sum / job.world_size / window_steps
+    state.interrupted = stops > 0
+    if state.start_loss is None:
+        state.start_loss = first_sum / job.world_size
+    if bad or not math.isfinite(mean_loss):
+        state.divergence = f"the loss or the weights became non-finite by step {state.step}"
+        return mean_loss
+    spike = blown_up(mean_loss, state.start_loss, state.raw_model.config.vocab_size)
+    if spike and job.master:
+        tqdm.write(f"warning: the training loss spiked to {mean_loss:.4g} at step {state.step}, "
+                   f"{spike}; the run goes on (only an evaluation can stop it)", file=sys.stderr)
+    return mean_loss
 
 
 def run_eval(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
-    """On every rank, each evaluating its share; rank 0 logs the loss and prints it above the progress bar."""
+    """On every rank, each evaluating its share; rank 0 logs the loss and prints it."""
     args = job.args
     loss = evaluate(state.raw_model, job.val.tokens, args.batch_size, args.max_seq_len, args.eval_steps,
                     job.device, job.mixed_precision, rank=job.rank, world_size=job.world_size)
@@ -367,27 +384,36 @@ def run_eval(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     if job.master:
         tracker.log(record)
         tqdm.write(f"step {state.step}/{args.max_steps}: val loss {loss:.3f}, {record['bpb']:.3f} bits/byte "
-                   f"| {record['tokens']:,} tokens | {duration(time.perf_counter() - job.started)}")
+                   f"| {record['tokens']:,} tokens | {job.elapsed()}")
     return record
 
 
 def save(job: Job, state: TrainState, tracker: Tracker | None) -> None:
-    """A checkpoint at state.step, with every rank's sampler position so that each draws its own batches
-    on."""
+    """A checkpoint at state.step: the model folder and the training state, with every rank's
+    sampler position so that each draws its own batches on."""
     samplers = [state.sampler.state_dict()] * job.world_size
     if job.world_size > 1:
         dist.all_gather_object(samplers, state.sampler.state_dict())
-    if job.master:
-        checkpoint.save_checkpoint(job.out_dir, state.raw_model, job.tokenizer, {
-            **{name: getattr(state, name) for name in RESUMED}, "optimizer": state.optimizer.state_dict(),
-            "scaler": state.scaler.state_dict(), "sampler": samplers, "wandb_run_id": tracker.run_id,
-            "args": vars(job.args), "data": job.fingerprint}, job.args.keep_checkpoints)
+    if not job.master:
+        return
+    training_state = {name: getattr(state, name) for name in RESUMED} | {
+        "optimizer": state.optimizer.state_dict(), "scaler": state.scaler.state_dict(),
+        "sampler": samplers, "wandb_run_id": tracker.run_id, "args": vars(job.args),
+        "data": job.fingerprint, "rng": runtime.rng_state()}
+
+    def write(folder: Path) -> None:
+        state.raw_model.save_pretrained(folder)
+        job.tokenizer.save_pretrained(folder)
+        torch.save(training_state, folder / STATE_FILE)
+
+    checkpoint.save(job.out_dir, state.step, write, job.args.keep_checkpoints)
 
 
 def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
-    """Every rank returns the outcome (the same on all); rank 0 adds the numbers, writes summary.json, draws
-    the per-layer figure and prints the closing line."""
-    args, cfg = job.args, state.raw_model.config
+    """Every rank returns the outcome; rank 0 adds the numbers, writes summary.json, draws the
+    per-layer figure and prints the closing line."""
+    args = job.args
+    cfg = state.raw_model.config
     summary = {"step": state.step, "max_steps": args.max_steps, "diverged": state.divergence is not None,
                "divergence": state.divergence, "interrupted": state.interrupted}
     if not job.master:
@@ -398,19 +424,21 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     last_val = state.last_val or next((r for r in reversed(records) if r["split"] == "val"), None)
     if speeds and not args.no_layers_plot:
         plot_layer_profiles({job.out_dir.name: records}, job.out_dir / "layers.png")
-    tokens_per_s = statistics.median(speeds) if speeds else None  # a window that compiled does not count
+    tokens_per_s = statistics.median(speeds) if speeds else None  # not a window that compiled
     summary |= {
         "train_loss": next((r["loss"] for r in reversed(records) if r["split"] == "train"), None),
-        "val_loss": last_val and last_val["loss"], "val_bpb": last_val and last_val["bpb"],
+        "val_loss": last_val["loss"] if last_val else None,
+        "val_bpb": last_val["bpb"] if last_val else None,
         "unigram_loss": job.unigram, "plateaued": not summary["diverged"] and plateaued(vals, job.unigram),
-        "tokens_per_s": tokens_per_s, "s_per_step": tokens_per_s and job.tokens_per_step / tokens_per_s,
+        "tokens_per_s": tokens_per_s,
+        "s_per_step": job.tokens_per_step / tokens_per_s if speeds else None,
         "train_time_s": state.train_time, "world_size": job.world_size, "num_params": job.num_params,
         "norm_params": sum(p.numel() for m in state.raw_model.modules() if isinstance(m, NORM_MODULES)
                            for p in m.parameters()),
         "num_norms": count_norms(state.raw_model), "norm": cfg.norm_type, "norm_position": cfg.norm_position,
         "variant": norm_variant(cfg), "hidden_size": cfg.hidden_size, "seed": args.seed,
         "out_dir": str(job.out_dir), "args": vars(args), "data": job.fingerprint,
-        "environment": environment(job.device),
+        "environment": job.environment,
     }
     write_atomically(job.out_dir / "summary.json", json.dumps(summary, indent=1))
     tracker.close()
@@ -422,14 +450,10 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     data = f" {shlex.quote(args.data_path)}" if args.data_path else ""
     then = ("the same command with --resume continues it" if state.interrupted else
             f"python eval_llm.py --model_path {shlex.quote(str(job.out_dir))} --eval_data{data}")
-    elapsed = duration(time.perf_counter() - job.started)
+    elapsed = job.elapsed()
     print(f"{'stopped' if state.interrupted else 'done'}: step {state.step}/{args.max_steps}, {val}, "
           f"{tokens_per_s or 0:,.0f} tokens/s, {elapsed} | {where} | next: {then}")
     return summary
-
-
-def duration(seconds: float) -> str:
-    return str(timedelta(seconds=round(seconds)))  # h:mm:ss
 
 
 def main(argv: list[str] | None = None) -> None:

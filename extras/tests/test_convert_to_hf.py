@@ -20,8 +20,9 @@ from data import load_tokenizer
 from extras.interop import compare_llama_cpp, convert_to_gguf, convert_to_hf
 from extras.interop.hf_export import FAMILIES
 from tests.tiny import ids, tiny_model
+from trainer import checkpoint
 from trainer.args import parse_args
-from trainer.checkpoint import save_checkpoint, step_folders
+from trainer.checkpoint import step_folders
 from trainer.train_pretrain import train
 
 
@@ -72,8 +73,12 @@ def test_converters_refuse_a_damaged_step_and_export_a_runs_newest_intact_one(co
                                                                               tmp_path, capsys):
     run = tmp_path / "run"  # as the trainer writes it: steps 2 and 4, weights seeded by the step
     for step in (2, 4):
-        save_checkpoint(run, tiny_model(step, perturb=False, vocab_size=len(tiny_tokenizer)), tiny_tokenizer,
-                        {"step": step}, keep=2)
+        model = tiny_model(step, perturb=False, vocab_size=len(tiny_tokenizer))
+
+        def write(folder, model=model):
+            model.save_pretrained(folder)
+            tiny_tokenizer.save_pretrained(folder)
+        checkpoint.save(run, step, write, keep=2)
     weights = run / "step-000004" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # cut short, as a full disk or a killed copy leaves it
     dst = tmp_path / ("export.gguf" if converter is convert_to_gguf else "export")
