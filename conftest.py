@@ -3,6 +3,8 @@ JSONL corpus cut from the embedded plays, a tiny tokenizer trained on it, the ti
 one short run trained with them."""
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,11 @@ from data import load_tokenizer, shakespeare_plays
 from scripts.train_tokenizer import train_tokenizer
 
 TINY_VOCAB_SIZE = 400
+
+# Inductor's cache does not tell kernels built for one vector width from another's: a suite run as
+# another CPU would (ATEN_CPU_CAPABILITY, docs/testing.md) would load this CPU's and compute garbage.
+if capability := os.environ.get("ATEN_CPU_CAPABILITY"):
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{tempfile.gettempdir()}/torchinductor-{capability}")
 
 
 @pytest.fixture(scope="session", autouse=True)
