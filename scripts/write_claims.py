@@ -7,7 +7,9 @@
 
 import csv
 import io
+import json
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -18,6 +20,10 @@ from study import claims
 from study.report import markdown_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+READING = ("How each gap changes from one rung of the budget study to the next, seed by seed, judged by "
+           "the same rule (*shrinks*, *grows*, *holds*, *open*): *budget* when the val and train gaps both "
+           "shrink within one pass (400 → 760 steps), *repetition* when only the val gap shrinks in the "
+           "second pass (760 → 1,600), *open* otherwise ([budget-readout.md](budget-readout.md)).")
 BEGIN, END = "<!-- claims: written by scripts/write_claims.py -->", "<!-- end of claims -->"
 
 
@@ -31,6 +37,15 @@ def claims_table(rows: list[dict]) -> str:
                       if first else "", r["folder"], claims.cell(r["val"]), f"{r['seeds']} ({r['failed']})",
                       claims.cell(r["train"]), f"**{r['verdict']}**"])
     return markdown_table(head, lines)
+
+
+def reading_table(rows: list[dict]) -> str:
+    steps = [folder.rsplit("-", 1)[1] for folder in claims.RUNGS]
+    head = ["claim", *(f"{metric} gap's change, {a} → {b} steps: mean [95% CI], p"
+                       for a, b in pairwise(steps) for metric in ("val", "train")), "reading"]
+    return markdown_table(head, [[r["claim"], *(f"{claims.cell(stats)} ({trend})" for change in r["changes"]
+                                                for stats, trend in change.values()), f"**{r['reading']}**"]
+                                 for r in rows])
 
 
 def regime_table(rows: list[dict]) -> str:
@@ -68,12 +83,15 @@ def main(argv: list[str] | None = None) -> None:
                    "table, claims.md or claims.csv is not what the committed runs give")
     args = p.parse_args(argv)
     rows = claims.compute_all()
+    readings = [claims.reading(claim) for claim in json.loads(claims.CLAIMS.read_text())
+                if set(claims.RUNGS) <= set(claim["folders"])]  # the claims tested at every rung
     readme = README.read_text(encoding="utf-8")
     if BEGIN not in readme or END not in readme:
         raise UserError(f"README.md has no claims block ({BEGIN} ... {END})")
     before, rest = readme.split(BEGIN)
     page = ["# Claims, computed", "", claims.RULE, "", claims_table(rows), "", "## The folders", "",
-            regime_table(rows), ""]
+            regime_table(rows), "", "## Budget or repetition", "", READING, "",
+            reading_table(readings), ""]
     files = {README: before + readme_block(rows) + rest.split(END, 1)[1],
              claims.RESULTS / "claims.md": "\n".join(page), claims.RESULTS / "claims.csv": csv_text(rows)}
     if args.check:

@@ -22,6 +22,9 @@ RULE = (f"*behind* / *ahead*: the paired t-test over the fresh seeds of one stud
         f"±{CLOSE} nats of 0; *open* otherwise; *not testable here*: the variant trained at no lr tried. "
         "A seed where either side diverged or plateaued is a failure: it is counted (k of n failed), and a "
         "variant that failed on a seed is never called ahead or closing. Tune seeds are never in a mean.")
+# The budget study's rungs: 400 steps, one pass over the training tokens (760), two passes (1,600).
+RUNGS = ("budget/adamw-400", "budget/adamw-760", "budget/adamw-1600")
+TREND = {"behind": "grows", "ahead": "shrinks", "closes": "holds", "open": "open"}  # a gap's change, by RULE
 
 
 @dataclass(frozen=True)
@@ -105,13 +108,20 @@ def regime(runs: list[dict]) -> dict:
                                       for cpu, kernels in map(cpu_type, runs)}))}
 
 
+def gaps(variant: Side, baseline: Side) -> dict[str, dict[int, float]]:
+    """variant − baseline in val and in train loss, on each fresh seed where neither side failed."""
+    trained = [(v, b) for v, b in pairs(variant, baseline) if not failed(v) and not failed(b)]
+    return {"val": {v["seed"]: v["val_loss"] - b["val_loss"] for v, b in trained},
+            "train": {v["seed"]: train_loss(v) - train_loss(b) for v, b in trained}}
+
+
 def difference(variant: Side, baseline: Side) -> dict:
     """variant − baseline on the fresh seeds of one folder: the paired val- and train-loss differences of the
     seeds both trained, how many seeds paired and how many of them failed, and the verdict."""
     fresh = pairs(variant, baseline)
-    trained = [(v, b) for v, b in fresh if not failed(v) and not failed(b)]
-    val = lr_tuning.paired_stats({v["seed"]: v["val_loss"] - b["val_loss"] for v, b in trained})
-    train = lr_tuning.paired_stats({v["seed"]: train_loss(v) - train_loss(b) for v, b in trained})
+    by_seed = gaps(variant, baseline)
+    val = lr_tuning.paired_stats(by_seed["val"])
+    train = lr_tuning.paired_stats(by_seed["train"])
     trains = variant.record["chosen_lr"] is not None if variant.record else not all(map(failed, variant.runs))
     outcome = verdict(val, sum(failed(v) for v, _ in fresh), sum(failed(b) for _, b in fresh), trains)
     return {"val": val, "train": train, "seeds": len(fresh), "verdict": outcome,
@@ -134,6 +144,33 @@ def compute_all(results: Path = RESULTS) -> list[dict]:
     rows = [compute(claim, folder, results) for claim in json.loads(CLAIMS.read_text())
             for folder in claim["folders"]]
     return [row for row in rows if row is not None]
+
+
+def change(claim: dict, earlier: str, later: str, results: Path = RESULTS) -> dict:
+    """How a claim's val and train gaps change from one folder to a longer rung: the later gap minus the
+    earlier one on each fresh seed both trained, judged by RULE (shrinks, grows, holds or open)."""
+    before, after = (gaps(side(results / folder, claim["variant"]), side(results / folder, claim["baseline"]))
+                     for folder in (earlier, later))
+    judged = {}
+    for metric in ("val", "train"):
+        seeds = sorted(before[metric].keys() & after[metric].keys())
+        stats = lr_tuning.paired_stats({s: after[metric][s] - before[metric][s] for s in seeds})
+        judged[metric] = stats, TREND[verdict(stats, 0, 0, trains=True)]
+    return judged
+
+
+def reading(claim: dict, results: Path = RESULTS) -> dict:
+    """budget-readout.md's reading of a claim tested at every rung of RUNGS: *budget* when its val and train
+    gaps both shrink within one pass, *repetition* when only the val gap shrinks in the second pass."""
+    first = change(claim, *RUNGS[:2], results)
+    second = change(claim, *RUNGS[1:], results)
+    if first["val"][1] == first["train"][1] == "shrinks":
+        outcome = "budget"
+    elif second["val"][1] == "shrinks" and second["train"][1] in ("holds", "grows"):
+        outcome = "repetition"
+    else:
+        outcome = "open"
+    return {**claim, "changes": [first, second], "reading": outcome}
 
 
 def cell(s: lr_tuning.Stats) -> str:

@@ -1,5 +1,5 @@
-"""The study's figures: loss curves, stability grids, depth and learning-rate sensitivity
-(scripts/run_ablation.py's report) and the summary over studies (scripts/summarize_studies.py)."""
+"""The study's figures, drawn by scripts/run_ablation.py's report: loss curves, stability grids, depth and
+learning-rate sensitivity."""
 
 from pathlib import Path
 

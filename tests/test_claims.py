@@ -11,9 +11,10 @@ from study import claims
 XEON = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_isa": ["AVX2", "AVX-512", "AMX"]}
 
 
-def write_run(folder, variant: str, seed: int, loss: float, failed: bool = False, cpu: dict = XEON) -> None:
-    """A finished run as the runner leaves it: its summary and its metrics (training loss 0.5 below the
-    validation loss over the last steps, 1.0 above it before)."""
+def write_run(folder, variant: str, seed: int, loss: float, failed: bool = False, cpu: dict = XEON,
+              train: float | None = None) -> None:
+    """A finished run as the runner leaves it: its summary and its metrics (training loss `train` over the
+    last steps, 0.5 below the validation loss unless given; 1.0 above it before)."""
     run = folder / "runs" / f"{variant}-s{seed}"
     run.mkdir(parents=True)
     args = {"learning_rate": 4e-3, "num_hidden_layers": 8, "optimizer": "adamw", "max_steps": 100,
@@ -23,22 +24,25 @@ def write_run(folder, variant: str, seed: int, loss: float, failed: bool = False
                "max_steps": 100, "args": args, "num_params": 2e6, "hidden_size": 128, "environment": cpu,
                "data": {"train": {"num_tokens": 204_800}}}
     (run / "summary.json").write_text(json.dumps(summary))
-    metrics = [{"step": step, "split": "train", "loss": loss + (1.0 if step <= 90 else -0.5)}
+    last = loss - 0.5 if train is None else train
+    metrics = [{"step": step, "split": "train", "loss": loss + 1.0 if step <= 90 else last}
                for step in range(10, 101, 10)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
 
 
-def study(folder, gaps: dict[int, float], chosen=4e-3, failed=(), other_cpu=()) -> dict:
+def study(folder, gaps: dict[int, float], chosen=4e-3, failed=(), other_cpu=(), train_gaps=None) -> dict:
     """pre-rmsnorm and post-rmsnorm on seeds 0, 1 (tune seeds: their gaps are 9.0, and must never count)
-    and the seeds of gaps; the verdict of post against pre."""
+    and the seeds of gaps (the train loss's gaps are train_gaps where given); the verdict of post against
+    pre."""
     tuning = [{"variant": v, "depth": 8, "chosen_lr": lr, "tune_seeds": [0, 1]}
               for v, lr in (("pre-rmsnorm", 4e-3), ("post-rmsnorm", chosen))]
-    folder.mkdir()
+    folder.mkdir(parents=True)
     (folder / "tuning.json").write_text(json.dumps(tuning))
     for seed, gap in {0: 9.0, 1: 9.0, **gaps}.items():
         write_run(folder, "pre-rmsnorm", seed, 4.0 + seed / 100)
         cpu = {**XEON, "cpu_isa": ["AVX2"]} if seed in other_cpu else XEON
-        write_run(folder, "post-rmsnorm", seed, 4.0 + seed / 100 + gap, seed in failed, cpu)
+        train = 3.5 + seed / 100 + (train_gaps or {}).get(seed, gap)
+        write_run(folder, "post-rmsnorm", seed, 4.0 + seed / 100 + gap, seed in failed, cpu, train)
     claim = {"claim": "Post-LN is worse", "variant": "post-rmsnorm", "baseline": "pre-rmsnorm",
              "expected": "behind"}
     return claims.compute(claim, folder.name, folder.parent)
@@ -75,6 +79,23 @@ def test_a_failure_is_counted_and_never_reads_as_ahead(tmp_path):
 def test_seeds_pair_only_on_one_cpu_type(tmp_path):
     mixed = study(tmp_path / "mixed", GAPS, other_cpu={2})
     assert mixed["seeds"] == 4 and mixed["verdict"] == "open"
+
+
+def test_a_gap_shrinking_in_one_pass_reads_budget_and_only_on_val_after_it_repetition(tmp_path):
+    noise = {2: 0.004, 3: -0.003, 4: 0.001, 5: -0.002, 6: 0.0}  # each rung adds it again: the changes vary
+
+    def reading(name: str, val: tuple, train: tuple) -> str:
+        """The reading of post against pre with these gaps at 400, 760 and 1,600 steps."""
+        for i, folder in enumerate(claims.RUNGS):
+            study(tmp_path / name / folder, {s: val[i] + i * e for s, e in noise.items()},
+                  train_gaps={s: train[i] + i * e for s, e in noise.items()})
+        claim = {"claim": "Post-LN is worse", "variant": "post-rmsnorm", "baseline": "pre-rmsnorm"}
+        return claims.reading(claim, tmp_path / name)["reading"]
+
+    assert reading("within one pass", (0.3, 0.15, 0.05), (0.3, 0.15, 0.1)) == "budget"
+    assert reading("val after one pass", (0.2, 0.2, 0.1), (0.2, 0.2, 0.2)) == "repetition"
+    assert reading("both after one pass", (0.2, 0.2, 0.1), (0.2, 0.2, 0.1)) == "open"
+    assert reading("neither", (0.2, 0.2, 0.2), (0.2, 0.2, 0.2)) == "open"
 
 
 def test_the_readme_table_and_the_claims_page_are_what_the_committed_runs_give():

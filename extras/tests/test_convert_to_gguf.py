@@ -176,18 +176,3 @@ def test_refuses_in_one_line_writing_nothing(tmp_path, tiny_tokenizer, monkeypat
     if case == "beyond_f16":  # as the line suggests, bf16 holds it
         convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf", "bf16")
         assert read_gguf(tmp_path / "m.gguf")[1]["blk.1.ffn_down.weight"].isfinite().all()
-
-
-@pytest.mark.slow  # loads llama.cpp three times and scores held-out windows both ways
-@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2"])
-def test_llama_cpp_runs_the_file_as_transformers_runs_the_export(tmp_path, tiny_tokenizer, family):
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed here (installing it builds "
-                                            "llama.cpp from source; docs/gguf.md gives the commands)")
-    from extras.interop import compare_llama_cpp
-    tiny_checkpoint(tmp_path / "ckpt", tiny_tokenizer, **FAMILIES[family])
-    convert_to_gguf.convert(tmp_path / "ckpt", tmp_path / "model.gguf")
-    r = compare_llama_cpp.compare(tmp_path / "ckpt", tmp_path / "model.gguf", context=64, windows=4,
-                                  new_tokens=10, threads=1)
-    assert r["documents_with_equal_ids"] == r["documents"] > 0
-    assert r["greedy_llama_cpp"] == r["greedy_transformers"]
-    assert r["ppl_llama_cpp"] == pytest.approx(r["ppl_transformers"], rel=1e-3)
