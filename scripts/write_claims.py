@@ -24,6 +24,9 @@ READING = ("How each gap changes from one rung of the budget study to the next, 
            "the same rule (*shrinks*, *grows*, *holds*, *open*): *budget* when the val and train gaps both "
            "shrink within one pass (400 → 760 steps), *repetition* when only the val gap shrinks in the "
            "second pass (760 → 1,600), *open* otherwise ([budget-readout.md](budget-readout.md)).")
+LR_CHECK = ("Is the 400-step lr still right at 1,600 steps? Tune seeds 0 and 1 at 1,600 steps: the "
+            "choice *moves* when another lr's mean beats it by more than 0.02 nats, and then that variant's "
+            "1,600-step verdicts are at the 400-step lr ([budget-readout.md](budget-readout.md)).")
 BEGIN, END = "<!-- claims: written by scripts/write_claims.py -->", "<!-- end of claims -->"
 
 
@@ -46,6 +49,13 @@ def reading_table(rows: list[dict]) -> str:
     return markdown_table(head, [[r["claim"], *(f"{claims.cell(stats)} ({trend})" for change in r["changes"]
                                                 for stats, trend in change.values()), f"**{r['reading']}**"]
                                  for r in rows])
+
+
+def lr_table(checks: list[dict]) -> str:
+    head = ["variant", "lr chosen at 400 steps", "mean final val loss over seeds 0-1 at 1,600 steps, by lr",
+            "the choice"]
+    return markdown_table(head, [[c["variant"], f"{c['chosen']:g}", ", ".join(
+        f"{lr:g}: {loss:.3f}" for lr, loss in c["means"].items()), f"**{c['outcome']}**"] for c in checks])
 
 
 def regime_table(rows: list[dict]) -> str:
@@ -91,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     before, rest = readme.split(BEGIN)
     page = ["# Claims, computed", "", claims.RULE, "", claims_table(rows), "", "## The folders", "",
             regime_table(rows), "", "## Budget or repetition", "", READING, "",
-            reading_table(readings), ""]
+            reading_table(readings), "", "## The lr at 1,600 steps", "", LR_CHECK, "",
+            lr_table(claims.lr_check("budget/adamw-1600-lr", "budget/adamw-400")), ""]
     files = {README: before + readme_block(rows) + rest.split(END, 1)[1],
              claims.RESULTS / "claims.md": "\n".join(page), claims.RESULTS / "claims.csv": csv_text(rows)}
     if args.check:

@@ -173,6 +173,25 @@ def reading(claim: dict, results: Path = RESULTS) -> dict:
     return {**claim, "changes": [first, second], "reading": outcome}
 
 
+def lr_check(folder: str, source: str, results: Path = RESULTS) -> list[dict]:
+    """budget-readout.md's lr check: each variant of `folder` by the mean final val loss over its seeds at
+    each lr (lr_tuning.grid_point: none where a seed failed), against the lr `source` chose, which *moves*
+    when another lr beats it by more than CLOSE nats."""
+    checks = []
+    for record in json.loads((results / source / "tuning.json").read_text()):
+        runs = side(results / folder, record["variant"]).runs
+        lrs = sorted({r["args"]["learning_rate"] for r in runs})
+        points = [lr_tuning.grid_point(lr, [lr_tuning.Point(lr, r["val_loss"], not failed(r))
+                                            for r in runs if r["args"]["learning_rate"] == lr]) for lr in lrs]
+        means = {p.lr: p.val_loss for p in points if p.usable}
+        best = lr_tuning.choose_lr(points)
+        if best is not None:
+            moves = means[best] < means.get(record["chosen_lr"], math.inf) - CLOSE
+            checks.append({"variant": record["variant"], "chosen": record["chosen_lr"], "means": means,
+                           "outcome": f"moves to {best:g}" if moves else "holds"})
+    return checks
+
+
 def cell(s: lr_tuning.Stats) -> str:
     """A paired difference as 'mean [95% CI], p' ('—' with no pair; no CI or p with one)."""
     if s.mean is None or not math.isfinite(s.mean):

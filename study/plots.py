@@ -1,5 +1,5 @@
-"""The study's figures, drawn by scripts/run_ablation.py's report: loss curves, stability grids, depth and
-learning-rate sensitivity."""
+"""The study's figures, drawn by scripts/run_ablation.py's report: loss curves, depth and learning-rate
+sensitivity."""
 
 from pathlib import Path
 
@@ -46,20 +46,6 @@ def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
                fontsize=8)
     fig.suptitle("mean over seeds, band = min..max")
     save(fig, path, bbox_inches="tight")
-
-
-def plot_grid(values: np.ndarray, rows: list, cols: list, path: Path, title: str) -> None:
-    """Heatmap of final validation loss (NaN = diverged, drawn as an X) over a learning-rate x warmup grid."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(1.4 + 1.2 * len(cols), 1.0 + 0.6 * len(rows)))
-    worst = np.nanmax(values) if np.isfinite(values).any() else 0
-    ax.imshow(np.nan_to_num(values, nan=worst), cmap="viridis_r", aspect="auto")
-    for i in range(len(rows)):
-        for j in range(len(cols)):
-            ax.text(j, i, "X" if np.isnan(values[i, j]) else f"{values[i, j]:.2f}", ha="center", va="center",
-                    color="red" if np.isnan(values[i, j]) else "white", fontsize=9)
-    ax.set(xticks=range(len(cols)), xticklabels=cols, yticks=range(len(rows)), yticklabels=rows, title=title)
-    save(fig, path)
 
 
 def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigram: float | None = None):

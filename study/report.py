@@ -6,12 +6,10 @@ import math
 import statistics
 from pathlib import Path
 
-import numpy as np
-
 from common.environment import describe, environment
 from common.fs import write_atomically
 from study import claims, lr_tuning
-from study.plots import plot_depth, plot_grid, plot_loss_curves, plot_lr_sensitivity
+from study.plots import plot_depth, plot_loss_curves, plot_lr_sensitivity
 from trainer import evaluation
 from trainer.plots import plot_layer_profiles
 from trainer.tracking import read_metrics
@@ -169,18 +167,6 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
             lines.setdefault(label(variant, depth, lr, warmup, with_depth=False), []).append((depth, runs))
         plot_depth(lines, out / "depth.png", unigram)
         text += ["## Depth (final val loss, mean and min..max over seeds)", "", "![depth](depth.png)", ""]
-    if grid:
-        text += ["## Stability grid (final val loss, mean over seeds; X = a seed diverged)", ""]
-        for variant, depth in dict.fromkeys(key[:2] for key in groups):
-            lrs, warmups = (sorted({key[i] for key in groups if key[:2] == (variant, depth)}) for i in (2, 3))
-            values = np.array([[np.nan if any(r["diverged"] or r["val_loss"] is None for r in runs)
-                                else statistics.mean(r["val_loss"] for r in runs)
-                                for runs in (groups[variant, depth, lr, w] for w in warmups)] for lr in lrs])
-            name = f"{variant}-L{depth}"
-            plot_grid(values, [f"lr {lr:g}" for lr in lrs], [f"warmup {w}" for w in warmups],
-                      out / f"grid-{name}.png", name)
-            text.append(f"![{name}](grid-{name}.png)")
-        text.append("")
     text += ["![loss curves](loss_curves.png)", "", "![per-layer](layers.png)", ""]
     write_atomically(out / "results.md", "\n".join(text))
     write_atomically(out / "results.json", json.dumps(list(rows.values()), indent=1))

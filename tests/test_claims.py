@@ -12,12 +12,12 @@ XEON = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_isa": ["AVX2", "AVX-512", "AMX
 
 
 def write_run(folder, variant: str, seed: int, loss: float, failed: bool = False, cpu: dict = XEON,
-              train: float | None = None) -> None:
+              train: float | None = None, lr: float = 4e-3) -> None:
     """A finished run as the runner leaves it: its summary and its metrics (training loss `train` over the
     last steps, 0.5 below the validation loss unless given; 1.0 above it before)."""
-    run = folder / "runs" / f"{variant}-s{seed}"
+    run = folder / "runs" / f"{variant}-lr{lr:g}-s{seed}"
     run.mkdir(parents=True)
-    args = {"learning_rate": 4e-3, "num_hidden_layers": 8, "optimizer": "adamw", "max_steps": 100,
+    args = {"learning_rate": lr, "num_hidden_layers": 8, "optimizer": "adamw", "max_steps": 100,
             "batch_size": 8, "max_seq_len": 256, "accumulation_steps": 1, "num_attention_heads": 8,
             "hidden_size": 128, "data_path": None}
     summary = {"variant": variant, "seed": seed, "val_loss": loss, "diverged": False, "plateaued": failed,
@@ -96,6 +96,23 @@ def test_a_gap_shrinking_in_one_pass_reads_budget_and_only_on_val_after_it_repet
     assert reading("val after one pass", (0.2, 0.2, 0.1), (0.2, 0.2, 0.2)) == "repetition"
     assert reading("both after one pass", (0.2, 0.2, 0.1), (0.2, 0.2, 0.1)) == "open"
     assert reading("neither", (0.2, 0.2, 0.2), (0.2, 0.2, 0.2)) == "open"
+
+
+def test_the_lr_check_moves_a_choice_only_when_another_lr_is_better_by_more_than_002_nats(tmp_path):
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "tuning.json").write_text(json.dumps(
+        [{"variant": v, "chosen_lr": 4e-3} for v in ("pre-rmsnorm", "post-rmsnorm", "peri-rmsnorm")]))
+    losses = {"pre-rmsnorm": {4e-3: 4.00, 8e-3: 3.99}, "post-rmsnorm": {2e-3: 4.00, 4e-3: 4.05, 8e-3: 3.90}}
+    for variant, by_lr in losses.items():
+        for lr, loss in by_lr.items():
+            for seed in (0, 1):  # post's 8e-3 plateaued on seed 1: it cannot win
+                plateaued = (variant, lr, seed) == ("post-rmsnorm", 8e-3, 1)
+                write_run(tmp_path / "long", variant, seed, loss + seed / 100, plateaued, lr=lr)
+    checks = claims.lr_check("long", "short", tmp_path)
+    assert [(c["variant"], c["outcome"]) for c in checks] == [("pre-rmsnorm", "holds"),
+                                                              ("post-rmsnorm", "moves to 0.002")]
+    assert checks[0]["means"] == {4e-3: pytest.approx(4.005), 8e-3: pytest.approx(3.995)}  # 0.01 better
+    assert checks[1]["means"] == {2e-3: pytest.approx(4.005), 4e-3: pytest.approx(4.055)}
 
 
 def test_the_readme_table_and_the_claims_page_are_what_the_committed_runs_give():
