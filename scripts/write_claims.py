@@ -20,13 +20,13 @@ from study import claims
 from study.report import markdown_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-READING = ("How each gap changes from one rung of the budget study to the next, seed by seed, judged by "
-           "the same rule (*shrinks*, *grows*, *holds*, *open*): *budget* when the val and train gaps both "
-           "shrink within one pass (400 → 760 steps), *repetition* when only the val gap shrinks in the "
-           "second pass (760 → 1,600), *open* otherwise ([budget-readout.md](budget-readout.md)).")
-LR_CHECK = ("Is the 400-step lr still right at 1,600 steps? Tune seeds 0 and 1 at 1,600 steps: the "
-            "choice *moves* when another lr's mean beats it by more than 0.02 nats, and then that variant's "
-            "1,600-step verdicts are at the 400-step lr ([budget-readout.md](budget-readout.md)).")
+READING = ("Each gap's change from one rung to the next, seed by seed, by the same rule (shrinks, grows, "
+           "holds, open). *budget*: both gaps shrink within one pass (400 → 760 steps); else *repetition*: "
+           "from 760 to 1,600 steps the val gap shrinks, the train gap holds or grows; else *open*. "
+           "([budget-readout.md](budget-readout.md))")
+LR_CHECK = ("Tune seeds 0 and 1 at 1,600 steps: the 400-step lr *moves* when it failed or another lr's mean "
+            "is lower by more than 0.02 nats; that variant's 1,600-step verdicts are then at an lr that is "
+            "not its best there. ([budget-readout.md](budget-readout.md))")
 BEGIN, END = "<!-- claims: written by scripts/write_claims.py -->", "<!-- end of claims -->"
 
 
@@ -43,7 +43,7 @@ def claims_table(rows: list[dict]) -> str:
 
 
 def reading_table(rows: list[dict]) -> str:
-    steps = [folder.rsplit("-", 1)[1] for folder in claims.RUNGS]
+    steps = [f'{int(folder.rsplit("-", 1)[1]):,}' for folder in claims.RUNGS]
     head = ["claim", *(f"{metric} gap's change, {a} → {b} steps: mean [95% CI], p"
                        for a, b in pairwise(steps) for metric in ("val", "train")), "reading"]
     return markdown_table(head, [[r["claim"], *(f"{claims.cell(stats)} ({trend})" for change in r["changes"]
@@ -55,7 +55,8 @@ def lr_table(checks: list[dict]) -> str:
     head = ["variant", "lr chosen at 400 steps", "mean final val loss over seeds 0-1 at 1,600 steps, by lr",
             "the choice"]
     return markdown_table(head, [[c["variant"], f"{c['chosen']:g}", ", ".join(
-        f"{lr:g}: {loss:.3f}" for lr, loss in c["means"].items()), f"**{c['outcome']}**"] for c in checks])
+        f"{lr:g}: {'failed' if loss is None else f'{loss:.3f}'}" for lr, loss in c["means"].items()),
+        f"**{c['outcome']}**"] for c in checks]) if checks else "Not run yet."
 
 
 def regime_table(rows: list[dict]) -> str:

@@ -147,15 +147,18 @@ def compute_all(results: Path = RESULTS) -> list[dict]:
 
 
 def change(claim: dict, earlier: str, later: str, results: Path = RESULTS) -> dict:
-    """How a claim's val and train gaps change from one folder to a longer rung: the later gap minus the
-    earlier one on each fresh seed both trained, judged by RULE (shrinks, grows, holds or open)."""
-    before, after = (gaps(side(results / folder, claim["variant"]), side(results / folder, claim["baseline"]))
-                     for folder in (earlier, later))
+    """A claim's val and train gaps at a longer rung minus those at an earlier one, seed by seed, judged by
+    RULE (shrinks, grows, holds, open; a failure at either rung is counted and leaves at most *open*)."""
+    sides = [(side(results / folder, claim["variant"]), side(results / folder, claim["baseline"]))
+             for folder in (earlier, later)]
+    before, after = (gaps(*pair) for pair in sides)
+    failures = sum(failed(v) or failed(b) for pair in sides for v, b in pairs(*pair))
     judged = {}
     for metric in ("val", "train"):
         seeds = sorted(before[metric].keys() & after[metric].keys())
         stats = lr_tuning.paired_stats({s: after[metric][s] - before[metric][s] for s in seeds})
-        judged[metric] = stats, TREND[verdict(stats, 0, 0, trains=True)]
+        trend = TREND[verdict(stats, failures, failures, trains=True)]
+        judged[metric] = stats, trend + (f", {failures} failed" if failures else "")
     return judged
 
 
@@ -164,29 +167,27 @@ def reading(claim: dict, results: Path = RESULTS) -> dict:
     gaps both shrink within one pass, *repetition* when only the val gap shrinks in the second pass."""
     first = change(claim, *RUNGS[:2], results)
     second = change(claim, *RUNGS[1:], results)
-    if first["val"][1] == first["train"][1] == "shrinks":
-        outcome = "budget"
-    elif second["val"][1] == "shrinks" and second["train"][1] in ("holds", "grows"):
-        outcome = "repetition"
-    else:
-        outcome = "open"
+    budget = first["val"][1] == first["train"][1] == "shrinks"
+    repetition = second["val"][1] == "shrinks" and second["train"][1] in ("holds", "grows")
+    outcome = "budget" if budget else "repetition" if repetition else "open"
     return {**claim, "changes": [first, second], "reading": outcome}
 
 
 def lr_check(folder: str, source: str, results: Path = RESULTS) -> list[dict]:
     """budget-readout.md's lr check: each variant of `folder` by the mean final val loss over its seeds at
-    each lr (lr_tuning.grid_point: none where a seed failed), against the lr `source` chose, which *moves*
-    when another lr beats it by more than CLOSE nats."""
+    each lr (lr_tuning.grid_point: None where a seed failed), against the lr `source` chose, which *moves*
+    when another lr beats it by more than CLOSE nats or failed."""
     checks = []
     for record in json.loads((results / source / "tuning.json").read_text()):
         runs = side(results / folder, record["variant"]).runs
         lrs = sorted({r["args"]["learning_rate"] for r in runs})
         points = [lr_tuning.grid_point(lr, [lr_tuning.Point(lr, r["val_loss"], not failed(r))
                                             for r in runs if r["args"]["learning_rate"] == lr]) for lr in lrs]
-        means = {p.lr: p.val_loss for p in points if p.usable}
+        means = {p.lr: p.val_loss if p.usable else None for p in points}
         best = lr_tuning.choose_lr(points)
-        if best is not None:
-            moves = means[best] < means.get(record["chosen_lr"], math.inf) - CLOSE
+        if runs and record["chosen_lr"] in means:  # the lr check trains the choice and its neighbours
+            held = means[record["chosen_lr"]]
+            moves = best is not None and (held is None or means[best] < held - CLOSE)
             checks.append({"variant": record["variant"], "chosen": record["chosen_lr"], "means": means,
                            "outcome": f"moves to {best:g}" if moves else "holds"})
     return checks

@@ -138,15 +138,13 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
         fair = fair_table(groups, tuning, study.baseline)
         if study.lr_from:
             source = next(iter(study.lr_from.values()))["lr_from"]
-            chose = (f"Each variant trains at the lr the study in {source} chose (its tuning.json records, "
-                     f"copied here: grid, tune seeds, choice); every seed of {study.seeds} trains at it.")
+            chose = f"Each variant trains at the lr {source} chose (its tuning.json, copied here)."
         else:
             plot_lr_sensitivity(tuning, out / "lr_sensitivity.png")
             chose = (f"Each variant trains at the lr of {' '.join(f'{lr:g}' for lr in study.tune_lr)} (grown "
                      f"×2 or ÷2 past a winning edge up to {lr_tuning.MAX_EXTENSIONS} times; '(edge)': still "
                      "at one) with the lowest mean final validation loss over the tune seeds "
-                     f"{study.tune_seeds}, where none of them diverged or plateaued; then every seed of "
-                     f"{study.seeds} trains at it.")
+                     f"{study.tune_seeds}, where none of them diverged or plateaued.")
         text += ["## Each variant at its own best learning rate", "",
                  f"{chose} Δ is the loss minus {study.baseline}'s on the same seed and CPU type, on "
                  "the fresh seeds only (the tune seeds' luck helped choose the lr); the train loss is the "

@@ -82,12 +82,13 @@ def test_seeds_pair_only_on_one_cpu_type(tmp_path):
 
 
 def test_a_gap_shrinking_in_one_pass_reads_budget_and_only_on_val_after_it_repetition(tmp_path):
-    noise = {2: 0.004, 3: -0.003, 4: 0.001, 5: -0.002, 6: 0.0}  # each rung adds it again: the changes vary
+    noise = {2: 0.004, 3: -0.003, 4: 0.001, 5: -0.002, 6: 0.0, 7: 0.001}  # added again at each rung
 
-    def reading(name: str, val: tuple, train: tuple) -> str:
+    def reading(name: str, val: tuple, train: tuple, failed_at_760=()) -> str:
         """The reading of post against pre with these gaps at 400, 760 and 1,600 steps."""
         for i, folder in enumerate(claims.RUNGS):
             study(tmp_path / name / folder, {s: val[i] + i * e for s, e in noise.items()},
+                  failed=failed_at_760 if i == 1 else (),
                   train_gaps={s: train[i] + i * e for s, e in noise.items()})
         claim = {"claim": "Post-LN is worse", "variant": "post-rmsnorm", "baseline": "pre-rmsnorm"}
         return claims.reading(claim, tmp_path / name)["reading"]
@@ -96,23 +97,29 @@ def test_a_gap_shrinking_in_one_pass_reads_budget_and_only_on_val_after_it_repet
     assert reading("val after one pass", (0.2, 0.2, 0.1), (0.2, 0.2, 0.2)) == "repetition"
     assert reading("both after one pass", (0.2, 0.2, 0.1), (0.2, 0.2, 0.1)) == "open"
     assert reading("neither", (0.2, 0.2, 0.2), (0.2, 0.2, 0.2)) == "open"
+    # a seed that failed at one rung is counted, and the change is at most open (five seeds remain)
+    assert reading("a failure", (0.3, 0.15, 0.05), (0.3, 0.15, 0.1), failed_at_760={3}) == "open"
+    claim = {"claim": "Post-LN is worse", "variant": "post-rmsnorm", "baseline": "pre-rmsnorm"}
+    assert claims.change(claim, *claims.RUNGS[:2], tmp_path / "a failure")["val"][1] == "open, 1 failed"
 
 
 def test_the_lr_check_moves_a_choice_only_when_another_lr_is_better_by_more_than_002_nats(tmp_path):
     (tmp_path / "short").mkdir()
     (tmp_path / "short" / "tuning.json").write_text(json.dumps(
-        [{"variant": v, "chosen_lr": 4e-3} for v in ("pre-rmsnorm", "post-rmsnorm", "peri-rmsnorm")]))
-    losses = {"pre-rmsnorm": {4e-3: 4.00, 8e-3: 3.99}, "post-rmsnorm": {2e-3: 4.00, 4e-3: 4.05, 8e-3: 3.90}}
+        [{"variant": v, "chosen_lr": 4e-3} for v in ("pre-rmsnorm", "post-rmsnorm", "peri-rmsnorm", "mix")]))
+    losses = {"pre-rmsnorm": {4e-3: 4.00, 8e-3: 3.99}, "post-rmsnorm": {2e-3: 4.00, 4e-3: 4.05, 8e-3: 3.90},
+              "peri-rmsnorm": {4e-3: 4.00, 8e-3: 4.20}}
     for variant, by_lr in losses.items():
         for lr, loss in by_lr.items():
-            for seed in (0, 1):  # post's 8e-3 plateaued on seed 1: it cannot win
-                plateaued = (variant, lr, seed) == ("post-rmsnorm", 8e-3, 1)
+            for seed in (0, 1):  # post's 8e-3 plateaued on seed 1 and peri's 4e-3 on seed 0: they cannot win
+                plateaued = (variant, lr, seed) in {("post-rmsnorm", 8e-3, 1), ("peri-rmsnorm", 4e-3, 0)}
                 write_run(tmp_path / "long", variant, seed, loss + seed / 100, plateaued, lr=lr)
-    checks = claims.lr_check("long", "short", tmp_path)
-    assert [(c["variant"], c["outcome"]) for c in checks] == [("pre-rmsnorm", "holds"),
-                                                              ("post-rmsnorm", "moves to 0.002")]
+    checks = claims.lr_check("long", "short", tmp_path)  # mix trained no run here: no row
+    assert [(c["variant"], c["outcome"]) for c in checks] == [
+        ("pre-rmsnorm", "holds"), ("post-rmsnorm", "moves to 0.002"), ("peri-rmsnorm", "moves to 0.008")]
     assert checks[0]["means"] == {4e-3: pytest.approx(4.005), 8e-3: pytest.approx(3.995)}  # 0.01 better
-    assert checks[1]["means"] == {2e-3: pytest.approx(4.005), 4e-3: pytest.approx(4.055)}
+    assert checks[1]["means"] == {2e-3: pytest.approx(4.005), 4e-3: pytest.approx(4.055), 8e-3: None}
+    assert claims.lr_check("not run", "short", tmp_path) == []
 
 
 def test_the_readme_table_and_the_claims_page_are_what_the_committed_runs_give():

@@ -1,6 +1,5 @@
 """extras/interop/convert_to_gguf.py: the files it writes, read back by the gguf package and run by a small
-model of llama.cpp's forward pass (rotation layout, norm placement, output fallback per architecture); by
-llama.cpp itself where llama-cpp-python is installed."""
+model of llama.cpp's forward pass (rotation layout, norm placement, output fallback per architecture)."""
 
 import json
 import math
