@@ -46,9 +46,9 @@ def reading_table(rows: list[dict]) -> str:
     steps = [f'{int(folder.rsplit("-", 1)[1]):,}' for folder in claims.RUNGS]
     head = ["claim", *(f"{metric} gap's change, {a} → {b} steps: mean [95% CI], p"
                        for a, b in pairwise(steps) for metric in ("val", "train")), "reading"]
-    return markdown_table(head, [[r["claim"], *(f"{claims.cell(stats)} ({trend})" for change in r["changes"]
-                                                for stats, trend in change.values()), f"**{r['reading']}**"]
-                                 for r in rows])
+    cells = [[r["claim"], *(f"{claims.cell(s)}, n {s.n} ({trend})" for change in r["changes"]
+                            for s, trend in change.values()), f"**{r['reading']}**"] for r in rows]
+    return markdown_table(head, cells)
 
 
 def lr_table(checks: list[dict]) -> str:
