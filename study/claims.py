@@ -108,9 +108,9 @@ def regime(runs: list[dict]) -> dict:
                                       for cpu, kernels in map(cpu_type, runs)}))}
 
 
-def gaps(variant: Side, baseline: Side) -> dict[str, dict[int, float]]:
-    """variant − baseline in val and in train loss, on each fresh seed where neither side failed."""
-    trained = [(v, b) for v, b in pairs(variant, baseline) if not failed(v) and not failed(b)]
+def gaps(fresh: list[tuple[dict, dict]]) -> dict[str, dict[int, float]]:
+    """variant − baseline in val and in train loss, on each fresh pair (pairs()) where neither side failed."""
+    trained = [(v, b) for v, b in fresh if not failed(v) and not failed(b)]
     return {"val": {v["seed"]: v["val_loss"] - b["val_loss"] for v, b in trained},
             "train": {v["seed"]: train_loss(v) - train_loss(b) for v, b in trained}}
 
@@ -119,7 +119,7 @@ def difference(variant: Side, baseline: Side) -> dict:
     """variant − baseline on the fresh seeds of one folder: the paired val- and train-loss differences of the
     seeds both trained, how many seeds paired and how many of them failed, and the verdict."""
     fresh = pairs(variant, baseline)
-    by_seed = gaps(variant, baseline)
+    by_seed = gaps(fresh)
     val = lr_tuning.paired_stats(by_seed["val"])
     train = lr_tuning.paired_stats(by_seed["train"])
     trains = variant.record["chosen_lr"] is not None if variant.record else not all(map(failed, variant.runs))
@@ -146,13 +146,11 @@ def compute_all(results: Path = RESULTS) -> list[dict]:
     return [row for row in rows if row is not None]
 
 
-def change(claim: dict, earlier: str, later: str, results: Path = RESULTS) -> dict:
-    """A claim's val and train gaps at a longer rung minus those at an earlier one, seed by seed, judged by
+def change(earlier: list[tuple[dict, dict]], later: list[tuple[dict, dict]]) -> dict:
+    """The val and train gaps of a later rung's fresh pairs minus an earlier one's, seed by seed, judged by
     RULE (shrinks, grows, holds, open; a failure at either rung is counted and leaves at most *open*)."""
-    sides = [(side(results / folder, claim["variant"]), side(results / folder, claim["baseline"]))
-             for folder in (earlier, later)]
-    before, after = (gaps(*pair) for pair in sides)
-    failures = sum(failed(v) or failed(b) for pair in sides for v, b in pairs(*pair))
+    before, after = gaps(earlier), gaps(later)
+    failures = sum(failed(v) or failed(b) for v, b in [*earlier, *later])
     judged = {}
     for metric in ("val", "train"):
         seeds = sorted(before[metric].keys() & after[metric].keys())
@@ -165,8 +163,10 @@ def change(claim: dict, earlier: str, later: str, results: Path = RESULTS) -> di
 def reading(claim: dict, results: Path = RESULTS) -> dict:
     """budget-readout.md's reading of a claim tested at every rung of RUNGS: *budget* when its val and train
     gaps both shrink within one pass, *repetition* when only the val gap shrinks in the second pass."""
-    first = change(claim, *RUNGS[:2], results)
-    second = change(claim, *RUNGS[1:], results)
+    fresh = [pairs(side(results / folder, claim["variant"]), side(results / folder, claim["baseline"]))
+             for folder in RUNGS]
+    first = change(*fresh[:2])
+    second = change(*fresh[1:])
     budget = first["val"][1] == first["train"][1] == "shrinks"
     repetition = second["val"][1] == "shrinks" and second["train"][1] in ("holds", "grows")
     outcome = "budget" if budget else "repetition" if repetition else "open"
@@ -185,7 +185,7 @@ def lr_check(folder: str, source: str, results: Path = RESULTS) -> list[dict]:
                                             for r in runs if r["args"]["learning_rate"] == lr]) for lr in lrs]
         means = {p.lr: p.val_loss if p.usable else None for p in points}
         best = lr_tuning.choose_lr(points)
-        if runs and record["chosen_lr"] in means:  # the lr check trains the choice and its neighbours
+        if record["chosen_lr"] in means:  # the lr check trains the choice and its neighbours
             held = means[record["chosen_lr"]]
             moves = best is not None and (held is None or means[best] < held - CLOSE)
             checks.append({"variant": record["variant"], "chosen": record["chosen_lr"], "means": means,

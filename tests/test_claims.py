@@ -100,7 +100,7 @@ def test_a_gap_shrinking_in_one_pass_reads_budget_and_only_on_val_after_it_repet
     # a seed that failed at one rung is counted, and the change is at most open (five seeds remain)
     assert reading("a failure", (0.3, 0.15, 0.05), (0.3, 0.15, 0.1), failed_at_760={3}) == "open"
     claim = {"claim": "Post-LN is worse", "variant": "post-rmsnorm", "baseline": "pre-rmsnorm"}
-    assert claims.change(claim, *claims.RUNGS[:2], tmp_path / "a failure")["val"][1] == "open, 1 failed"
+    assert claims.reading(claim, tmp_path / "a failure")["changes"][0]["val"][1] == "open, 1 failed"
 
 
 def test_the_lr_check_moves_a_choice_only_when_another_lr_is_better_by_more_than_002_nats(tmp_path):
