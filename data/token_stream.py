@@ -116,38 +116,60 @@ def prepare_split(data_path: str | None, split: str, tokenizer, text_field: str 
     return _open_cached(path, key)
 
 
+# What a run records as its training order ("sampler"), so that runs of another order (an older
+# version's random windows) are never compared with its runs, nor resumed by this sampler
+ORDER = "epochs"
+
+
 class BatchSampler:
-    """Batches x = window[:-1], y = window[1:] of a packed split's windows, [batch, seq_len] longs:
-    random starts from a generator seeded by (seed, rank), or (sequential) the non-overlapping
-    windows in order, window k to rank k % world_size, wrapping; state_dict() resumes either."""
+    """Batches x = window[:-1], y = window[1:] of a split's non-overlapping windows,
+    [batch, seq_len] longs.
+
+    Training (shuffle): each epoch reads every window once, in a permutation seeded by
+    (seed, epoch), as MiniMind's epoch loop does. Evaluation (shuffle=False): the windows in
+    order, the same text every time. Under DDP the ranks take turns through one order, so their
+    windows are disjoint within an epoch. A batch may run on into the next epoch, and
+    state_dict() resumes mid-epoch."""
 
     def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, sequential: bool = False):
+                 rank: int = 0, world_size: int = 1, shuffle: bool = True):
         if len(tokens) < seq_len + 1:
-            raise UserError(f"the split has {len(tokens)} tokens, fewer than seq_len + 1 = {seq_len + 1}; "
-                            "use a shorter sequence length or more data")
+            raise UserError(f"the split has {len(tokens)} tokens, fewer than seq_len + 1 = "
+                            f"{seq_len + 1}; use a shorter sequence length or more data")
         self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
-        self.rank, self.world_size, self.sequential = rank, world_size, sequential
-        self.rng = np.random.default_rng([seed, rank])
-        self.position = 0  # windows this rank has taken in sequential mode
+        self.seed, self.rank, self.world_size, self.shuffle = seed, rank, world_size, shuffle
+        self.position = 0  # windows this rank has taken
+        self._order = (-1, None)  # (epoch, its permutation): one epoch's order, kept while it lasts
 
     @property
-    def num_windows(self) -> int:  # non-overlapping, in one sequential pass (all ranks together)
+    def num_windows(self) -> int:
+        """Non-overlapping windows in the split: one epoch, all ranks together."""
         return (len(self.tokens) - 1) // self.seq_len
 
+    @property
+    def epochs(self) -> float:
+        """Epochs read so far, all ranks together."""
+        return self.position * self.world_size / self.num_windows
+
+    def window(self, turn: int) -> int:
+        """The window read at a turn of the shared order (turns count across epochs)."""
+        epoch, index = divmod(turn, self.num_windows)
+        if not self.shuffle:
+            return index
+        if self._order[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._order = (epoch, rng.permutation(self.num_windows))
+        return int(self._order[1][index])
+
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.sequential:
-            k = (self.position + np.arange(self.batch_size)) * self.world_size + self.rank
-            starts = k % self.num_windows * self.seq_len
-            self.position += self.batch_size
-        else:
-            starts = self.rng.integers(0, len(self.tokens) - self.seq_len, size=self.batch_size)
+        turns = (self.position + np.arange(self.batch_size)) * self.world_size + self.rank
+        starts = [self.window(turn) * self.seq_len for turn in turns]
+        self.position += self.batch_size
         windows = torch.from_numpy(np.stack([self.tokens[s : s + self.seq_len + 1] for s in starts]))
         return windows[:, :-1].long(), windows[:, 1:].long()  # (copies: contiguous)
 
     def state_dict(self) -> dict:
-        return {"rng": self.rng.bit_generator.state, "position": self.position}
+        return {"order": ORDER if self.shuffle else "sequential", "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
-        self.rng.bit_generator.state = state["rng"]
         self.position = state["position"]

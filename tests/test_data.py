@@ -31,6 +31,7 @@ from data import (
     shakespeare_plays,
     tokenizer_fingerprint,
 )
+from trainer.args import DEVICE_DEFAULTS, EPOCH_STEPS_ON_CPU, build_parser
 
 EOT = "<|endoftext|>"
 
@@ -124,6 +125,14 @@ def test_shipped_tokenizer(tmp_path):
     assert packed.num_bytes == 292_860 and packed.num_docs == 2 and 2.5 < packed.bytes_per_token < 4
 
 
+def test_one_epoch_of_the_embedded_plays_is_the_steps_the_help_gives():
+    packed = prepare_split(None, "train", load_tokenizer())
+    batch = DEVICE_DEFAULTS["cpu"]["batch_size"]
+    windows = BatchSampler(packed.tokens, batch, 256).num_windows  # --max_seq_len's default
+    assert round(windows / batch) == EPOCH_STEPS_ON_CPU
+    assert f"is {EPOCH_STEPS_ON_CPU} steps" in " ".join(build_parser().format_help().split())
+
+
 def test_packed_stream_round_trips(tmp_path, tiny_corpus, tiny_tokenizer):
     texts = list(load_texts(tiny_corpus, "train")["text"])
     packed = prepare_split(tiny_corpus, "train", tiny_tokenizer, cache_dir=tmp_path, num_proc=2)
@@ -174,35 +183,59 @@ def test_cache_is_reused_invalidated_and_rebuilt_when_half_written(tmp_path, mon
     assert prepare_split(tiny_corpus, "validation", load_tokenizer(tiny_tokenizer_dir)).path != first.path
 
 
-def test_random_batches_are_shifted_windows_different_per_rank_and_reproducible():
+def starts_read(sampler: BatchSampler, batches: int) -> list[int]:
+    """The start token of every window the sampler gives in that many batches (tokens = arange)."""
+    return [start for _ in range(batches) for start in next(sampler)[0][:, 0].tolist()]
+
+
+def test_training_batches_are_shifted_windows_reproducible_from_the_seed():
     tokens = np.arange(10_000, dtype=np.uint16)
-    rank0, rank1 = (BatchSampler(tokens, 8, 32, seed=7, rank=r, world_size=2) for r in (0, 1))
-    (x0, y0), x1 = next(rank0), next(rank1)[0]
-    assert x0.shape == y0.shape == (8, 32) and x0.dtype == y0.dtype == torch.long
-    assert torch.equal(y0[:, :-1], x0[:, 1:]) and torch.equal(y0[:, -1], x0[:, -1] + 1)
-    assert not set(x0[:, 0].tolist()) & set(x1[:, 0].tolist())
-    assert torch.equal(next(BatchSampler(tokens, 8, 32, seed=7, rank=0, world_size=2))[0], x0)
+    x, y = next(BatchSampler(tokens, 8, 32, seed=7))
+    assert x.shape == y.shape == (8, 32) and x.dtype == y.dtype == torch.long
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
+    assert torch.equal(next(BatchSampler(tokens, 8, 32, seed=7))[0], x)
+    assert not torch.equal(next(BatchSampler(tokens, 8, 32, seed=8))[0], x)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_an_epoch_reads_every_window_once_the_ranks_disjoint_then_a_new_order(world_size):
+    tokens = np.arange(24 * 10 + 1, dtype=np.uint16)  # 24 windows of 10
+    ranks = [BatchSampler(tokens, 4, 10, seed=5, rank=r, world_size=world_size)
+             for r in range(world_size)]
+    per_rank = 24 // world_size // 4  # batches of 4 that make one epoch, all ranks together
+    first = [starts_read(s, per_rank) for s in ranks]
+    seen = [start for starts in first for start in starts]
+    assert sorted(seen) == list(range(0, 240, 10))  # each window once, none shared by two ranks
+    assert [s.epochs for s in ranks] == [1.0] * world_size
+    second = [start for s in ranks for start in starts_read(s, per_rank)]
+    assert sorted(second) == sorted(seen) and second != seen  # every window again, in a new order
+
+
+def test_a_batch_runs_on_into_the_next_epoch():
+    tokens = np.arange(6 * 10 + 1, dtype=np.uint16)  # 6 windows of 10, batches of 4
+    starts = starts_read(BatchSampler(tokens, 4, 10, seed=1), 3)
+    assert sorted(starts[:6]) == sorted(starts[6:]) == list(range(0, 60, 10))
 
 
 def test_sequential_windows_interleave_ranks_and_wrap():
     tokens = np.arange(41, dtype=np.uint16)  # 4 windows of 10
-    ranks = [BatchSampler(tokens, 1, 10, rank=r, world_size=2, sequential=True) for r in (0, 1)]
+    ranks = [BatchSampler(tokens, 1, 10, rank=r, world_size=2, shuffle=False) for r in (0, 1)]
     starts = [[next(s)[0][0, 0].item() for _ in range(3)] for s in ranks]
     assert starts == [[0, 20, 0], [10, 30, 10]]
     with pytest.raises(UserError, match="fewer than seq_len"):  # not even one window
         BatchSampler(tokens, 1, 41)
 
 
-@pytest.mark.parametrize("sequential", [False, True])
-def test_state_dict_resumes_exactly(sequential):
-    tokens = np.arange(5000, dtype=np.uint16)
-    sampler = BatchSampler(tokens, 4, 64, seed=3, sequential=sequential)
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_state_dict_resumes_exactly_mid_epoch(shuffle):
+    tokens = np.arange(1000, dtype=np.uint16)  # 15 windows: resumed after 12, it crosses an epoch
+    sampler = BatchSampler(tokens, 4, 64, seed=3, shuffle=shuffle)
     for _ in range(3):
         next(sampler)
     buffer = io.BytesIO()
     torch.save(sampler.state_dict(), buffer)
     expected = [next(sampler) for _ in range(3)]
-    resumed = BatchSampler(tokens, 4, 64, seed=99, sequential=sequential)
+    resumed = BatchSampler(tokens, 4, 64, seed=3, shuffle=shuffle)
     resumed.load_state_dict(torch.load(io.BytesIO(buffer.getvalue())))
     for (x, y), (rx, ry) in zip(expected, (next(resumed) for _ in range(3)), strict=True):
         assert torch.equal(x, rx) and torch.equal(y, ry)

@@ -122,6 +122,21 @@ def test_exact_resume(tmp_path, tiny_flags, optimizer):
         assert set(saved) == {"adamw", "muon"} and len(saved["muon"]["state"]) == 7 * 2
 
 
+def test_a_run_records_its_order_and_epochs_and_refuses_to_resume_an_older_order(tmp_path, tiny_flags):
+    out = tmp_path / "run"
+    flags = [*tiny_flags, "--out_dir", out, "--save_interval", 3, "--eval_interval", 3]
+    summary = train_in_process([*flags, "--max_steps", 3])
+    windows = (summary["data"]["train"]["num_tokens"] - 1) // 32  # the tiny flags: 32-token windows
+    assert summary["sampler"] == "epochs" and summary["epochs"] == pytest.approx(3 * 4 / windows)
+    state_file = out / "step-000003" / tp.STATE_FILE
+    state = torch.load(state_file, weights_only=True)
+    state["sampler"] = [{"rng": {}, "position": 12}]  # what an older version's random windows saved
+    torch.save(state, state_file)
+    with pytest.raises(tp.UserError, match="random windows"):
+        train_in_process([*flags, "--max_steps", 6, "--resume"])
+
+
+
 @pytest.mark.slow  # an inductor compile
 def test_compiled_model_trains_like_eager(tmp_path, tiny_flags, fresh_dynamo):
     common = [*tiny_flags, "--max_steps", 3, "--log_interval", 1, "--eval_interval", 3, "--warmup_steps", 1]

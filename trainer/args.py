@@ -18,6 +18,9 @@ DEVICE_DEFAULTS = {
     "cuda": {"hidden_size": 512, "batch_size": 128, "max_steps": 50, "learning_rate": 3e-3,
              "warmup_steps": 10, "diag_interval": 100},
 }
+# Steps of one epoch (every training window once) of the embedded plays at the CPU defaults:
+# 6,169 windows of 256 tokens in batches of 8 (tests/test_data.py counts them)
+EPOCH_STEPS_ON_CPU = 771
 # Flags a --resume must repeat besides the architecture and the data: they fix what the run
 # computes. Lr, schedule and intervals may change, to train further.
 MUST_MATCH = ("max_seq_len", "optimizer", "batch_size", "accumulation_steps", "weight_decay",
@@ -62,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                                help=switch.help + (f" ({on_device(switch.name)})" if per_device else ""))
 
     opt = p.add_argument_group("optimization")
-    opt.add_argument("--max_steps", type=positive_int, help=f"optimizer steps ({on_device('max_steps')})")
+    opt.add_argument("--max_steps", type=positive_int,
+                     help=f"optimizer steps ({on_device('max_steps')}; one epoch of the embedded plays "
+                     f"is {EPOCH_STEPS_ON_CPU} steps at the CPU defaults)")
     opt.add_argument("--batch_size", type=positive_int, help=f"sequences per micro-batch per process "
                      f"({on_device('batch_size')})")
     opt.add_argument("--accumulation_steps", type=positive_int, default=1, help="micro-batches per step")

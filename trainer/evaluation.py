@@ -18,7 +18,7 @@ def evaluate(model, tokens, batch_size: int, seq_len: int, steps: int | None, de
     batches from the start (wrapping around), or each window once; under DDP every world_size-th."""
     was_training = model.training
     model.eval()
-    sampler = BatchSampler(tokens, batch_size, seq_len, rank=rank, world_size=world_size, sequential=True)
+    sampler = BatchSampler(tokens, batch_size, seq_len, rank=rank, world_size=world_size, shuffle=False)
     windows = sampler.num_windows if steps is None else steps * batch_size
     mine = len(range(rank, windows, world_size))
     # Summed on the device and read once at the end, not once per batch.

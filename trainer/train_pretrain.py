@@ -27,6 +27,7 @@ from common.cli import UserError, run_cli
 from common.environment import environment
 from common.fs import write_atomically
 from data import BatchSampler, PackedTokens, bits_per_byte, load_tokenizer, prepare_split
+from data.token_stream import ORDER
 from data.tokenizer import tokenizer_fingerprint
 from model import SWITCHES, MiniMindConfig, MiniMindForCausalLM, count_norms, norm_variant
 from model.names import VARIANT_SWITCHES
@@ -225,6 +226,10 @@ def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
             what = part if part == "tokenizer" else f"{part} split"
             raise UserError(f"--resume: the {what} is not the checkpoint's; pass the original "
                             "--data_path and --tokenizer_path, or start a new --out_dir")
+    if saved["sampler"][0].get("order") != ORDER:
+        raise UserError("--resume: the checkpoint was trained by an older version, which drew random "
+                        "windows; this one reads each window once per epoch, so it cannot continue "
+                        "that run: start a new --out_dir")
     if len(saved["sampler"]) != job.world_size:
         raise UserError(f"--resume: the checkpoint was written by {len(saved['sampler'])} processes, "
                         f"not {job.world_size}; resume with the same number of processes")
@@ -245,9 +250,12 @@ def open_tracking(job: Job, state: TrainState) -> Tracker:
             *(f"{field}={getattr(cfg, field)}" for field in VARIANT_SWITCHES)]
     tracker = Tracker(job.out_dir, args.use_wandb, config, args.wandb_project,
                       args.wandb_run_name or f"{variant}-s{args.seed}", args.wandb_group, state.run_id, tags)
-    print(f"model: {job.num_params / 1e6:.2f}M parameters, {count_norms(state.raw_model)} norms ({variant}), "
-          f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | {job.device} {dtype} "
-          f"x{job.world_size} | train {job.train.num_tokens:,} tokens, val {job.val.num_tokens:,} tokens "
+    windows_per_step = job.tokens_per_step // args.max_seq_len
+    epoch_steps = state.sampler.num_windows / windows_per_step
+    print(f"model: {job.num_params / 1e6:.2f}M parameters, {count_norms(state.raw_model)} norms "
+          f"({variant}), hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers | {job.device} "
+          f"{dtype} x{job.world_size} | train {job.train.num_tokens:,} tokens (one epoch: "
+          f"{epoch_steps:,.0f} steps), val {job.val.num_tokens:,} tokens "
           f"({job.val.bytes_per_token:.2f} bytes/token)")
     if job.train.bytes_per_token < 1.5:  # English gets about 3; Chinese with the default tokenizer
         print("warning: the tokenizer covers this corpus poorly (the model spends its capacity spelling out "
@@ -438,6 +446,7 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
         "num_norms": count_norms(state.raw_model), "norm": cfg.norm_type, "norm_position": cfg.norm_position,
         "variant": norm_variant(cfg), "hidden_size": cfg.hidden_size, "seed": args.seed,
         "out_dir": str(job.out_dir), "args": vars(args), "data": job.fingerprint,
+        "sampler": ORDER, "epochs": state.sampler.epochs,
         "environment": job.environment,
     }
     write_atomically(job.out_dir / "summary.json", json.dumps(summary, indent=1))
