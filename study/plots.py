@@ -128,3 +128,42 @@ def plot_lr_sensitivity(tuning: list[dict], path: Path, title: str = "") -> None
     legend.plot([], [], "kx", label="x at top: a seed diverged (cannot win)")
     legend.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     save(fig, path)
+
+
+VERDICT_COLOURS = {"behind": "tab:red", "ahead": "tab:green", "closes": "tab:blue", "grows": "tab:red",
+                   "shrinks": "tab:green", "holds": "tab:blue", "open": "tab:gray",
+                   "does not train": "black"}
+
+
+def plot_forest(rows: list[dict], path: Path) -> None:
+    """Every claim row of scripts/write_claims.py: Δ (variant − baseline) with its CI, one line per
+    claim and folder, coloured by its verdict; a primary folder's row filled and in bold, any other
+    row hollow and grey (it gives no verdict). Speed rows' Δ is a log time ratio."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(12, 0.25 * len(rows) + 1.5))
+    shown = list(reversed(rows))  # the first claim at the top
+    for y, row in enumerate(shown):
+        stats = row["val"]
+        colour = VERDICT_COLOURS.get(row["verdict"], "tab:gray")
+        if stats.mean is None:
+            continue
+        if stats.ci_low is not None:
+            ax.hlines(y, stats.ci_low, stats.ci_high, color=colour, lw=2 if row["primary"] else 1)
+        ax.plot(stats.mean, y, "o", color=colour, mfc=colour if row["primary"] else "none")
+    ax.set_yticks(range(len(shown)), [f"{r['claim']} [{r['folder']}]" for r in shown], fontsize=7)
+    for label, row in zip(ax.get_yticklabels(), shown, strict=True):
+        label.set_fontweight("bold" if row["primary"] else "normal")
+    ax.axvline(0, color="black", lw=0.8)
+    for bound in (-0.02, 0.02):
+        ax.axvline(bound, color="tab:blue", lw=0.6, ls="--")
+    ax.set_xscale("symlog", linthresh=0.02)  # the contested differences live within ±0.1
+    ticks = [-1, -0.1, -0.02, 0, 0.02, 0.1, 1]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set(xlim=(-2, 2), ylim=(-1, len(rows)),
+           xlabel="Δ val loss, nats (speed: log time ratio); logarithmic beyond ±0.02")
+    for verdict, colour in VERDICT_COLOURS.items():
+        ax.plot([], [], "o", color=colour, label=verdict)
+    ax.plot([], [], "o", color="tab:gray", mfc="none", label="not primary: no verdict")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.grid(alpha=0.3, axis="x")
+    save(fig, path, bbox_inches="tight")

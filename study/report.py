@@ -59,10 +59,11 @@ def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
 
 def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: str) -> str:
     """--tune_lr: each (variant, depth) at its chosen lr, with its usable range and its difference against the
-    baseline on the fresh seeds, by the claims' rule (study/claims.py)."""
+    baseline on the fresh seeds, by the claims' statistics (study/claims.py)."""
     head = ["variant", "layers", "chosen lr", f"usable lrs (≤ {lr_tuning.USABLE_MARGIN} nats from best)",
-            "val loss, fresh seeds: mean ± SD (n)", f"Δ val loss vs {baseline}: mean [95% CI], p",
-            "fresh seeds (failed)", "Δ train loss", "verdict", "diverged", "plateaued"]
+            "val loss, fresh seeds: mean ± SD (n)",
+            f"Δ val loss vs {baseline}: mean [{claims.CONFIDENCE:.0%} CI], p", "fresh seeds (failed)",
+            "Δ train loss", "diverged", "plateaued"]
     runs_at = {(variant, depth): runs for (variant, depth, _, _), runs in groups.items()}
     records = {(t["variant"], t["depth"]): t for t in tuning}
     rows = []
@@ -72,11 +73,10 @@ def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: st
         usable = t["usable_range"]
         span = f"{min(usable):g}–{max(usable):g}" if len(usable) > 1 else f"{usable[0]:g}" if usable else "—"
         base = claims.Side(records.get((baseline, t["depth"])), runs_at.get((baseline, t["depth"]), []))
-        paired = ["—"] * 4
+        paired = ["—"] * 3
         if runs and base.runs and t["variant"] != baseline:
             d = claims.difference(claims.Side(t, runs), base)
-            paired = [claims.cell(d["val"]), f"{d['seeds']} ({d['failed']})", claims.cell(d["train"]),
-                      d["verdict"]]
+            paired = [claims.cell(d["val"]), f"{d['seeds']} ({d['failed']})", claims.cell(d["train"])]
         edge = " (edge)" if t["at_edge"] else ""
         chosen = "none usable" if t["chosen_lr"] is None else f"{t['chosen_lr']:g}{edge}"
         tried = f"{span} ({len(usable)} of {len(t['learning_rates'])})"
@@ -148,7 +148,9 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
         text += ["## Each variant at its own best learning rate", "",
                  f"{chose} Δ is the loss minus {study.baseline}'s on the same seed and CPU type, on "
                  "the fresh seeds only (the tune seeds' luck helped choose the lr); the train loss is the "
-                 f"mean over the last 10% of steps. {claims.RULE}", "",
+                 "mean over the last 10% of steps. A study's report gives statistics only: the "
+                 "verdicts are computed, by one rule over every claim's primary folder, in "
+                 "docs/results/claims.md (python scripts/write_claims.py).", "",
                  study_cost(out), "", fair, "",
                  "" if study.lr_from else "![lr sensitivity](lr_sensitivity.png)", ""]
     shown = groups
