@@ -1,5 +1,5 @@
-"""The study's figures, drawn by scripts/run_ablation.py's report: loss curves, depth and learning-rate
-sensitivity."""
+"""The study's figures, drawn by scripts/run_ablation.py's report: loss curves, stability grids, depth and
+learning-rate sensitivity."""
 
 from pathlib import Path
 
@@ -46,6 +46,28 @@ def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
                fontsize=8)
     fig.suptitle("mean over seeds, band = min..max")
     save(fig, path, bbox_inches="tight")
+
+
+def plot_grid(cells: list[list[float | None]], rows: list, cols: list, path: Path, title: str) -> None:
+    """Heatmap of final validation loss over a learning-rate x warmup grid, one cell per pair: NaN
+    (a seed diverged) is an X in the worst colour, None (nothing trained there) a blank cell."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(1.4 + 1.2 * len(cols), 1.0 + 0.6 * len(rows)))
+    values = np.array([[np.nan if v is None else v for v in row] for row in cells], dtype=float)
+    worst = np.nanmax(values) if np.isfinite(values).any() else 0
+    untrained = np.array([[v is None for v in row] for row in cells])
+    ax.imshow(np.ma.masked_array(np.nan_to_num(values, nan=worst), mask=untrained),
+              cmap="viridis_r", aspect="auto")
+    for i, row in enumerate(cells):
+        for j, value in enumerate(row):
+            if value is None:
+                continue
+            diverged = np.isnan(value)
+            ax.text(j, i, "X" if diverged else f"{value:.2f}", ha="center", va="center",
+                    color="red" if diverged else "white", fontsize=9)
+    ax.set(xticks=range(len(cols)), xticklabels=cols, yticks=range(len(rows)), yticklabels=rows,
+           title=title)
+    save(fig, path)
 
 
 def plot_depth(lines: dict[str, list[tuple[int, list[dict]]]], path: Path, unigram: float | None = None):

@@ -9,7 +9,7 @@ from pathlib import Path
 from common.environment import describe, environment
 from common.fs import write_atomically
 from study import claims, lr_tuning
-from study.plots import plot_depth, plot_loss_curves, plot_lr_sensitivity
+from study.plots import plot_depth, plot_grid, plot_loss_curves, plot_lr_sensitivity
 from trainer import evaluation
 from trainer.plots import plot_layer_profiles
 from trainer.tracking import read_metrics
@@ -95,6 +95,16 @@ def study_cost(out: Path) -> str:
             f"and start-up not counted); {dirty} of {len(runs)} runs were trained from a modified tree.")
 
 
+def grid_cell(runs: list[dict] | None) -> float | None:
+    """A stability grid's cell: the mean final val loss over seeds, NaN where a seed diverged or
+    has no loss, None where nothing trained at that lr and warmup."""
+    if runs is None:
+        return None
+    if any(r["diverged"] or r["val_loss"] is None for r in runs):
+        return math.nan
+    return statistics.mean(r["val_loss"] for r in runs)
+
+
 def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = None) -> None:
     """Write the study folder's report of the finished groups (and, with --tune_lr, every choice made), added
     to what an earlier command (other variants, lrs or seeds) reported there, and print its tables."""
@@ -167,6 +177,19 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
             lines.setdefault(label(variant, depth, lr, warmup, with_depth=False), []).append((depth, runs))
         plot_depth(lines, out / "depth.png", unigram)
         text += ["## Depth (final val loss, mean and min..max over seeds)", "", "![depth](depth.png)", ""]
+    if grid:
+        text += ["## Stability grid (final val loss, mean over seeds; X = a seed diverged)", ""]
+        for variant, depth in dict.fromkeys(key[:2] for key in groups):
+            # (lr, warmup) -> runs; a second command in the folder may leave some pairs untrained
+            cells = {key[2:]: runs for key, runs in groups.items() if key[:2] == (variant, depth)}
+            lrs = sorted({lr for lr, _ in cells})
+            warmups = sorted({warmup for _, warmup in cells})
+            values = [[grid_cell(cells.get((lr, warmup))) for warmup in warmups] for lr in lrs]
+            name = f"{variant}-L{depth}"
+            plot_grid(values, [f"lr {lr:g}" for lr in lrs], [f"warmup {w}" for w in warmups],
+                      out / f"grid-{name}.png", name)
+            text.append(f"![{name}](grid-{name}.png)")
+        text.append("")
     text += ["![loss curves](loss_curves.png)", "", "![per-layer](layers.png)", ""]
     write_atomically(out / "results.md", "\n".join(text))
     write_atomically(out / "results.json", json.dumps(list(rows.values()), indent=1))

@@ -259,6 +259,13 @@ def test_diverged_run_is_recorded_not_fatal_and_each_run_ends_in_one_line(study,
     assert not fine["diverged"] and blown["diverged"] and not blown["plateaued"]
     table = (out / "results.md").read_text()
     assert "| pre-none | 2 | 1e+06 | 0 | — | — | — | — | 0 | 1/1 | 0/1 |" in table
+    assert "![pre-none-L2](grid-pre-none-L2.png)" in table
+    assert (out / "grid-pre-none-L2.png").stat().st_size > 0
+    # a second command adds a warmup at one lr: the grid's cell of the other lr at it has no run
+    study("--variants", "pre-none", "--seeds", "0", "--learning_rates", "1e-3", "--warmup_steps", "5",
+          "--grad_clip", "0", "--max_steps", "30", "--eval_interval", "10")
+    table = (out / "results.md").read_text()
+    assert "| pre-none | 2 | 0.001 | 5 |" in table and "![pre-none-L2](grid-pre-none-L2.png)" in table
 
 
 def test_plateau_rule():

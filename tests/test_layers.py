@@ -100,10 +100,11 @@ def test_an_upward_script_to_script_or_extras_import_is_found(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Line budgets: `wc -l` of the Python files of each budget; every Python file is in exactly one area,
-# so a file in a new folder fails until an area owns it. What does not fit is logged in docs/LOG.md
-# and removed, not squeezed in. Held where they stand, short of their targets (docs/LOG.md,
-# 2026-11-27): the core (2,850), what the trainer imports (2,550), train_pretrain.py (450).
+# Size tripwires. Every Python file is in exactly one area, so a file in a new folder fails until an
+# area owns it. Three counts (`wc -l` of their Python files) are tripwires set with room above where
+# they stand, not targets: crossing one asks whether the code grew for a reason, and a tool or feature
+# a user runs is never removed to stay under one. When a tripwire moves, a docs/LOG.md paragraph says
+# why.
 AREAS = {  # area: the folders and files it owns
     "core": ["model", "data", "trainer", "common", "eval_llm.py"],
     "study": ["study", "scripts/run_ablation.py", "scripts/write_claims.py"],
@@ -111,17 +112,12 @@ AREAS = {  # area: the folders and files it owns
     "extras": ["extras/interop", "extras/bench", "extras/__init__.py"],
     "tests": ["tests", "extras/tests", "conftest.py"],
 }
-BUDGETS = {  # what it counts (areas, files, or a file and what it imports: "+"), at most this many lines
-    "core": (["core"], 3052),
-    "what trainer/train_pretrain.py imports": (["trainer/train_pretrain.py+"], 2764),
-    "reading path": (["model/model_minimind.py", "model/norms.py", "trainer/train_pretrain.py"], 1150),
-    "trainer/train_pretrain.py": (["trainer/train_pretrain.py"], 471),
-    "trainer/checkpoint.py": (["trainer/checkpoint.py"], 150),
-    "study": (["study"], 1250),
-    "study/parallel.py": (["study/parallel.py"], 60),
-    "extras": (["extras"], 1350),
-    "all product Python": (["core", "study", "scripts", "extras"], 5600),
-    "tests": (["tests"], 5200),
+# what each counts (areas, files, or a file and what it imports: "+"), at most this many lines
+TRIPWIRES = {
+    "core": (["core"], 3350),
+    "what a training run imports": (["trainer/train_pretrain.py+"], 3050),
+    # what a reader follows from the model's formulas to the training step
+    "reading path": (["model/model_minimind.py", "model/norms.py", "trainer/train_pretrain.py"], 1250),
 }
 
 
@@ -168,20 +164,20 @@ def lines(repo: Path, parts: list[str]) -> int:
     return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in files)
 
 
-def test_every_python_file_is_in_one_area_and_every_budget_is_kept():
+def test_every_python_file_is_in_one_area_and_no_tripwire_is_crossed():
     assert not_in_one_area(REPO) == {}
-    over = {budget: (lines(REPO, parts), most) for budget, (parts, most) in BUDGETS.items()}
-    assert {budget: n for budget, n in over.items() if n[0] > n[1]} == {}
+    counts = {name: (lines(REPO, parts), most) for name, (parts, most) in TRIPWIRES.items()}
+    assert {name: n for name, n in counts.items() if n[0] > n[1]} == {}
 
 
 def test_the_training_step_stays_a_page():
-    """nanoGPT's whole step is 79 lines; train_loop is held to 80."""
+    """nanoGPT's whole step is 79 lines; train_loop stays within 100, a page with room."""
     tree = ast.parse((REPO / "trainer/train_pretrain.py").read_text(encoding="utf-8"))
     loop = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "train_loop")
-    assert loop.end_lineno - loop.lineno + 1 <= 80
+    assert loop.end_lineno - loop.lineno + 1 <= 100
 
 
-def test_a_budget_counts_packages_and_relative_imports_and_a_file_in_a_new_folder_fails(tmp_path):
+def test_a_count_takes_in_packages_and_relative_imports_and_a_file_in_a_new_folder_fails(tmp_path):
     files = {"trainer/train_pretrain.py": "from trainer import checkpoint\nimport model.norms\n",
              "trainer/checkpoint.py": "from .plots import x\n\n", "trainer/plots.py": "x = 1\n",
              "trainer/unused.py": "y = 1\n", "trainer/__init__.py": "\n",

@@ -1,4 +1,4 @@
-"""RMSNorm's arithmetic three ways, each with the output of the model's formula (rms_norm, model/norms.py) bit
+"""RMSNorm's arithmetic three ways, each with the output of the model's formula (RMSNorm, model/norms.py) bit
 for bit (extras/tests/test_bench_norms.py checks every dtype); they differ only in their backward:
   rms_norm      the model's formula left to autograd: nine elementwise passes backward
   F.rms_norm    torch.nn.functional.rms_norm: one fused kernel each way on CUDA, the formula's ops on CPU
@@ -9,7 +9,13 @@ bench_norms.py times them; the model keeps the plain formula (docs/performance.m
 import torch
 import torch.nn.functional as F
 
-from model.norms import rms_norm
+from model.norms import rms_normalized
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """The model's RMSNorm.forward with a plain gain, as a function of its weight."""
+    normalized = rms_normalized(x, eps)
+    return normalized if weight is None else normalized * weight
 
 
 def functional(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -1,9 +1,13 @@
 """extras/interop/convert_to_gguf.py: the files it writes, read back by the gguf package and run by a small
-model of llama.cpp's forward pass (rotation layout, norm placement, output fallback per architecture)."""
+model of llama.cpp's forward pass (rotation layout, norm placement, output fallback per architecture);
+and extras/interop/compare_llama_cpp.py, which runs them in llama.cpp itself where llama-cpp-python is
+installed."""
 
 import json
 import math
 import re
+import sys
+import types
 from pathlib import Path
 
 import gguf
@@ -12,8 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.cli import run_cli
-from extras.interop import convert_to_gguf
+from common.cli import UserError, run_cli
+from extras.interop import compare_llama_cpp, convert_to_gguf
 from model import MiniMindForCausalLM
 from tests.tiny import tiny_model
 
@@ -175,3 +179,33 @@ def test_refuses_in_one_line_writing_nothing(tmp_path, tiny_tokenizer, monkeypat
     if case == "beyond_f16":  # as the line suggests, bf16 holds it
         convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf", "bf16")
         assert read_gguf(tmp_path / "m.gguf")[1]["blk.1.ffn_down.weight"].isfinite().all()
+
+
+
+@pytest.mark.slow  # loads llama.cpp three times and scores held-out windows both ways
+@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2"])
+def test_llama_cpp_runs_the_file_as_transformers_runs_the_export(tmp_path, tiny_tokenizer, family):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed here (installing "
+                                            "it builds llama.cpp; docs/gguf.md gives the commands)")
+    tiny_checkpoint(tmp_path / "ckpt", tiny_tokenizer, **FAMILIES[family])
+    convert_to_gguf.convert(tmp_path / "ckpt", tmp_path / "model.gguf")
+    r = compare_llama_cpp.compare(tmp_path / "ckpt", tmp_path / "model.gguf", context=64,
+                                  windows=4, new_tokens=10, threads=1)
+    assert r["documents_with_equal_ids"] == r["documents"] > 0
+    assert r["greedy_llama_cpp"] == r["greedy_transformers"]
+    assert r["ppl_llama_cpp"] == pytest.approx(r["ppl_transformers"], rel=1e-3)
+
+
+def test_threads_sets_every_llama_cpp_thread_count(tmp_path, monkeypatch):
+    """--threads 1 is one thread for single tokens (n_threads) and for whole prompts
+    (n_threads_batch, which would otherwise take every core); without llama_cpp, one line."""
+    opened = {}
+    fake = types.ModuleType("llama_cpp")
+    fake.Llama = lambda **kwargs: opened.update(kwargs)
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    (tmp_path / "m.gguf").write_bytes(b"")
+    compare_llama_cpp.open_gguf(tmp_path / "m.gguf", context=64, threads=1)
+    assert opened["n_threads"] == opened["n_threads_batch"] == 1
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # what a missing package raises
+    with pytest.raises(UserError, match="pip install llama-cpp-python"):
+        compare_llama_cpp.open_gguf(tmp_path / "m.gguf", context=64, threads=1)

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, Gemma2ForCausalLM
 import eval_llm
 from common.cli import UserError, run_cli
 from data import load_tokenizer
-from extras.interop import convert_to_gguf, convert_to_hf
+from extras.interop import compare_llama_cpp, convert_to_gguf, convert_to_hf
 from extras.interop.hf_export import FAMILIES
 from tests.tiny import ids, tiny_model
 from trainer import checkpoint
@@ -109,7 +109,7 @@ def test_a_folders_own_code_never_runs_with_yes_on_stdin(planted, trained_run, t
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 9))
     for script, args in [(convert_to_hf, [folder, "hf"]), (convert_to_gguf, [folder, "m.gguf"]),
-                         (eval_llm, ["--model_path", folder])]:
+                         (compare_llama_cpp, [folder, "m.gguf"]), (eval_llm, ["--model_path", folder])]:
         with pytest.raises(SystemExit):
             run_cli(lambda: script.main(list(map(str, args))))  # noqa: B023  (called at once)
         (line,) = capsys.readouterr().err.strip().splitlines()

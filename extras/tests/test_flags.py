@@ -4,7 +4,7 @@ import pytest
 
 from common.cli import run_cli
 from extras.bench import bench_norms, bench_train, gpu_check
-from extras.interop import convert_from_minimind, convert_to_gguf, convert_to_hf
+from extras.interop import compare_llama_cpp, convert_from_minimind, convert_to_gguf, convert_to_hf
 
 BAD_FLAGS = [
     (bench_train, ["--rounds", "0"], "argument --rounds: invalid positive_int value: '0' (see --help)"),
@@ -20,6 +20,9 @@ BAD_FLAGS = [
      "argument --rope_theta: invalid non_negative value: 'nan' (see --help)"),
     (convert_from_minimind, ["m.pth", "tok", "out", "--num_attention_heads", "0"],
      "argument --num_attention_heads: invalid positive_int value: '0' (see --help)"),
+    (compare_llama_cpp, ["run", "m.gguf", "--context", "1"], "--context must be at least 2, got 1"),
+    (compare_llama_cpp, ["run", "m.gguf", "--windows", "0"],
+     "argument --windows: invalid positive_int value: '0' (see --help)"),
     (convert_to_gguf, ["run", "m.gguf", "--outtype", "q4"],
      "argument --outtype: invalid choice: 'q4' (choose from 'bf16', 'f16', 'f32') (see --help)"),
     (convert_to_hf, ["run"], "the following arguments are required: dst_dir (see --help)"),
