@@ -2,11 +2,14 @@
 time only for compiled rows, no MFU on a CPU, and the JSON record of the same rows."""
 
 import json
+import math
 import re
 
 import pytest
 
+from common.cli import UserError
 from extras.bench import bench_train
+from study import claims
 
 TINY = ["--device", "cpu", "--hidden_size", "32", "--num_hidden_layers", "1", "--batch_size", "1",
         "--seq_len", "16", "--steps", "1", "--rounds", "2"]
@@ -46,3 +49,24 @@ def test_compiled_rows_report_compile_time(capsys, fresh_dynamo):
     assert {mode for _, mode in rows} == {"eager", "compiled"}
     assert all(float(row[4]) > 0 for (_, mode), row in rows.items() if mode == "compiled")
     assert re.search(r"^compiled/eager minimind: [\d.]+$", out, re.M)
+
+
+def test_norms_time_minimind_with_each_norm_and_write_the_rounds_the_speed_claims_read(tmp_path, capsys):
+    bench_train.main([*TINY, "--modes", "eager", "--rounds", "3", "--norms", "rmsnorm", "layernorm",
+                      "--timings", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert re.search(r"^ratio pre-rmsnorm/pre-layernorm eager: [\d.]+$", out, re.M)
+    timings = json.loads((tmp_path / "eager" / "timings.json").read_text())
+    per_step = timings["seconds_per_step"]
+    assert sorted(per_step) == ["pre-layernorm", "pre-rmsnorm"]
+    assert all(len(times) == 3 and min(times) > 0 for times in per_step.values())
+    assert (timings["mode"], timings["layers"], timings["hidden_size"]) == ("eager", 1, 32)
+    claim = {"claim": "RMSNorm is faster", "variant": "pre-rmsnorm", "baseline": "pre-layernorm",
+             "expected": "ahead", "metric": "seconds per step", "primary": "eager", "folders": ["eager"]}
+    row = claims.compute_all(tmp_path, [claim])[0]
+    assert row["seeds"] == 3 and row["val"].df == 2 and math.isfinite(row["val"].mean)
+
+
+def test_timings_need_norms():
+    with pytest.raises(UserError, match="--timings records the rounds of a --norms comparison"):
+        bench_train.main([*TINY, "--timings", "out"])
