@@ -8,7 +8,9 @@
     torchrun --nproc_per_node 2 scripts/run_ablation.py --tune_lr 2e-3 4e-3 8e-3 --seeds 0 1 2 3 4
 
 Every run is trainer.train_pretrain.train (as `python trainer/train_pretrain.py` runs it), with the same data,
-seeds and steps; any trainer flag passes through. A variant is <placement>-<norm> (pre-rmsnorm,
+seeds and steps; any trainer flag passes through, and each run's flags are resolved by the trainer's parser:
+the study's, then the run's --variant, depth, lr, warmup and seed (so --preset sets the shape, a variant's
+fields win over it, and a flag given wins over both). A variant is <placement>-<norm> (pre-rmsnorm,
 pre+qk_head-rmsnorm; study/variants.py) or a name of model/names.py. A finished run is reused, so an
 interrupted study, run again, picks up where it stopped; its report adds to an earlier command's there.
 
@@ -35,10 +37,11 @@ from study.parallel import Worker
 from study.report import report
 from study.runner import StudyInterrupted, own_share, tokenize_once, train_study
 from study.variants import PLACEMENT_DEFAULTS, VARIANTS, variant_flags, variant_problem
-from trainer.args import build_parser, fill_device_defaults
+from trainer import args as trainer_args
 
 # Flags each run gets from the study, so passing them as trainer flags would be ignored or contradictory.
-SET_PER_RUN = ("--seed", "--resume", "--overwrite", *(f"--{name}" for name in ("norm", *PLACEMENT_DEFAULTS)))
+SET_PER_RUN = ("--seed", "--resume", "--overwrite", "--variant",
+               *(f"--{name}" for name in ("norm", "norm_type", *PLACEMENT_DEFAULTS)))
 
 
 def positive_float(text: str) -> float:
@@ -98,7 +101,10 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
         raise UserError(f"--tune_lr_for {' '.join(bad)}: not one of --variants")
     if own.tune_lr and int(os.environ.get("WORLD_SIZE", "1")) > 1 and own.parallel == "data":
         raise UserError("--tune_lr trains its grid's runs side by side: use --parallel runs")
-    base = fill_device_defaults(build_parser().parse_args(rest))
+    # the trainer flags, resolved as the trainer resolves them: the study's defaults; each run adds its
+    # own to them (study/runner.py run_args)
+    own.trainer_flags = rest
+    base = trainer_args.parse_args(rest)
     own.lr_from = lr_records(own.lr_from, variants, own.depths or [base.num_hidden_layers], own.tune_lr)
     # each value once: a repeated seed or variant is the same run, which would weigh twice in every mean
     own.variants, own.seeds = list(dict.fromkeys(variants)), list(dict.fromkeys(own.seeds))

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import sys
-from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,31 +18,60 @@ from common.environment import usable_cores
 from data import load_tokenizer, prepare_split
 from study import lr_tuning
 from study.parallel import Worker, meet, train_in_parallel
-from study.variants import variant_flags
-from trainer.args import BOOKKEEPING, validate
+from trainer.args import BOOKKEEPING, RunConfig, parse_args
 from trainer.checkpoint import step_folders
 from trainer.runtime import pick_device
 from trainer.train_pretrain import train
+
+# Names of setups: the fields they set are compared, not the names (the record of a run trained
+# before the study passed --variant has none).
+NAMES = ("preset", "variant")
 
 
 def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str:
     return f"{variant}-L{depth}-lr{lr:g}-wu{warmup}-s{seed}"
 
 
-def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int, job: str = "run"):
-    """The trainer flags of one run of the study; job is what the run is to it (trainer/args.py
+def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int,
+             job: str = "run") -> RunConfig:
+    """The flags of one run of the study, resolved as the trainer resolves its command line: the
+    study's trainer flags (its --preset included), then the run's own: its --variant, depth, lr,
+    warmup and seed, its folder and wandb names. job is what the run is to the study (trainer/args.py
     WANDB_JOBS)."""
     name = run_name(variant, depth, lr, warmup, seed)
     out_dir = Path(study.out_dir) / "runs" / name
-    # A run with a checkpoint continues; one without starts afresh over whatever a crash before its first
-    # checkpoint left in its folder (this study's own, named after the run).
+    # A run with a checkpoint continues; one without starts afresh over whatever a crash before its
+    # first checkpoint left in its folder (this study's own, named after the run).
     resume = bool(out_dir.is_dir() and step_folders(out_dir))
-    return Namespace(**{**vars(base), **variant_flags(variant), "num_hidden_layers": depth, "seed": seed,
-                        "learning_rate": lr, "warmup_steps": warmup,
-                        "min_lr": None if base.min_lr is None else min(base.min_lr, lr),
-                        "out_dir": str(out_dir), "resume": resume, "overwrite": not resume,
-                        "wandb_group": base.wandb_group or Path(study.out_dir).name, "wandb_run_name": name,
-                        "wandb_job": job})
+    own = ["--variant", variant, "--num_hidden_layers", str(depth), "--learning_rate", str(lr),
+           "--warmup_steps", str(warmup), "--seed", str(seed), "--out_dir", str(out_dir),
+           "--resume" if resume else "--overwrite",
+           "--wandb_group", base.wandb_group or Path(study.out_dir).name,
+           "--wandb_run_name", name, "--wandb_job", job]
+    if base.min_lr is not None:
+        own += ["--min_lr", str(capped_min_lr(base, lr))]
+    return parse_args([*study.trainer_flags, *own])
+
+
+def capped_min_lr(base, lr: float) -> float | None:
+    """A run's --min_lr: the study's, at most the run's peak (a grid may go below it)."""
+    return None if base.min_lr is None else min(base.min_lr, lr)
+
+
+def recorded_args(summary: dict) -> dict:
+    """A run's recorded flags, as comparable with today's: a width recorded as null (the device's
+    default, before the trainer resolved it) is the model's."""
+    args = dict(summary["args"])
+    if args.get("hidden_size") is None:
+        args["hidden_size"] = summary["hidden_size"]
+    return args
+
+
+def differences(expected: dict, summary: dict) -> list[str]:
+    """The flags whose value a run recorded differs from the expected one. A flag the record lacks
+    (an older trainer's) is not compared."""
+    recorded = recorded_args(summary)
+    return sorted(k for k, v in expected.items() if k in recorded and recorded[k] != v)
 
 
 def finished_run(base, study, *run) -> dict | None:
@@ -54,9 +82,8 @@ def finished_run(base, study, *run) -> dict | None:
     if not (out_dir / "summary.json").exists():
         return None
     summary = json.loads((out_dir / "summary.json").read_text())
-    changed = sorted(k for k, v in vars(args).items()
-                     if k not in BOOKKEEPING and summary["args"].get(k) != v)
-    if changed:
+    compared = {k: v for k, v in vars(args).items() if k not in (*BOOKKEEPING, *NAMES)}
+    if changed := differences(compared, summary):
         raise UserError(f"{out_dir} was trained with other values of --{', --'.join(changed)}; "
                         "use a new --out_dir for a different study")
     ranks = int(os.environ.get("WORLD_SIZE", "1"))  # what each run trains on: 1 with --parallel runs
@@ -80,7 +107,7 @@ def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed:
     if (summary := finished_run(base, study, *run)) is None:
         args = run_args(base, study, *run, job)
         print(f"\n=== {args.wandb_run_name}")
-        summary = train(validate(args))
+        summary = train(args)
         if summary["diverged"]:  # a finished run ends in the trainer's closing line; a diverged one in this
             print(f"diverged: {summary['divergence']}; the study records it and goes on")
     if summary["interrupted"]:

@@ -56,15 +56,14 @@ def test_a_variant_is_read_by_the_trainers_parser_of_names(name, fields):
 
 
 def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkeypatch):
-    """The CPU preset and the GPU default have their own batch, steps and peak learning rate; a given flag
-    wins."""
-    out, keys = ["--out_dir", str(tmp_path / "run")], ("batch_size", "max_steps", "learning_rate")
+    """The CPU preset and the GPU default have their own width, batch, steps and peak learning rate; a given
+    flag wins."""
+    out = ["--out_dir", str(tmp_path / "run")]
+    keys = ("hidden_size", "batch_size", "max_steps", "learning_rate")
     defaults = trainer_args.DEVICE_DEFAULTS
     cpu, cuda = ({key: defaults[device][key] for key in keys} for device in ("cpu", "cuda"))
     args = trainer_args.parse_args(out)
     assert {key: getattr(args, key) for key in keys} == cpu
-    # the width is the model config's to fill, as in runs recorded before the table
-    assert args.hidden_size is None
     study, base = run_ablation.parse_args(out)
     assert study.learning_rates == [cpu["learning_rate"]] and base.max_steps == cpu["max_steps"]
     given = trainer_args.parse_args([*out, "--learning_rate", "3e-4", "--batch_size", "3", "--max_steps",
@@ -97,6 +96,8 @@ def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
     (["--variants", "pre+qk_head+qk_proj-rmsnorm"], "sets qk_norm a second time"),
     (["--qk_norm", "head"], "are set per run by the study"),
     (["--norm=layernorm"], "are set per run by the study"),
+    (["--norm_type", "layernorm"], "are set per run by the study"),
+    (["--variant", "post-rmsnorm"], "are set per run by the study"),
     (["--depths", "8", "0"], "argument --depths: invalid positive_int value: '0'"),
     (["--variants", "pre-rmsnorm", "hybrid-none"], "error: variant 'hybrid-none' makes no model (qk_norm "
      "adds norms, but norm_type is none)"),
@@ -181,6 +182,13 @@ def test_a_finished_run_is_reused_and_refused_with_other_values(study, monkeypat
         raise AssertionError(f"trained {args.out_dir} again")
     monkeypatch.setattr(runner, "train", no_training)
     study(*flags)
+    # a record of an older trainer and runner: the width null (the device's default), no --variant, no
+    # --min_lr_ratio; read as its model and what it has
+    summary = json.loads((run / "summary.json").read_text())
+    del summary["args"]["min_lr_ratio"]
+    summary["args"] |= {"hidden_size": None, "variant": None}
+    (run / "summary.json").write_text(json.dumps(summary))
+    study(*flags)
     with pytest.raises(UserError, match="other values of --grad_clip"):
         study(*flags, "--grad_clip", "0.5")
     # a finished run without its metrics is one error, not a crash
@@ -193,6 +201,30 @@ def test_a_finished_run_is_reused_and_refused_with_other_values(study, monkeypat
     assert stopped.value.code == 2 and err == (f"error: {run} is finished but its metrics.jsonl is missing; "
                                                "restore it, or delete the run's folder to train it again\n")
     assert (out / "results.md").read_text() == report and (run / "summary.json").is_file()
+
+
+def test_a_preset_study_trains_the_presets_shape_under_each_variants_norms(tmp_path, tiny_corpus,
+                                                                        tiny_tokenizer_dir):
+    """Each run is resolved as the trainer resolves its command line: MiniMind-3's shape from
+    --preset, the variant's fields over it (post-layernorm has no QK-norm), the run's depth over
+    both."""
+    data = ["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, "--num_proc", "1"]
+    small = ["--device", "cpu", "--max_seq_len", "32", "--batch_size", "2", "--eval_steps", "1",
+             "--max_steps", "1", "--no_layers_plot"]
+    study, base = run_ablation.parse_args([
+        "--out_dir", str(tmp_path / "study"), *data, *small, "--preset", "minimind3",
+        "--variants", "post-layernorm", "--depths", "1"])
+    # one run, and no report: its figures would take longer than the run
+    ((run,),) = runner.train_study(study, base, Worker()).groups.values()
+    minimind3 = {"hidden_size": 768, "num_attention_heads": 8, "num_key_value_heads": 4,
+                 "intermediate_size": 2432, "rms_norm_eps": 1e-6}
+    variant = {"norm_position": "post", "qk_norm": "none", "num_hidden_layers": 1}
+    model = {**minimind3, **variant, "norm_type": "layernorm"}
+    config = json.loads((step_folders(Path(run["out_dir"]))[0] / "config.json").read_text())
+    assert {k: config[k] for k in model} == model
+    recorded = {**minimind3, **variant, "norm": "layernorm", "preset": "minimind3",
+                "variant": "post-layernorm"}
+    assert {k: run["args"][k] for k in recorded} == recorded
 
 
 @pytest.mark.slow  # four runs and their figures: 15-40 s on 2 busy cores

@@ -107,8 +107,7 @@ def test_what_argparse_cannot_check_is_one_line_in_the_flags_words(flags, messag
 
 def test_the_flags_are_resolved_once_and_read_only():
     args = parse_args(["--device", "cpu", "--norm_position", "hybrid"])
-    assert (args.max_steps, args.hidden_size, args.qk_norm) == (760, None, "head")
-    assert args.arch["hidden_size"] == 128
+    assert (args.max_steps, args.hidden_size, args.qk_norm) == (760, 128, "head")
     with pytest.raises(AttributeError, match="resolved once"):
         args.max_steps = 1
 
