@@ -12,7 +12,8 @@ seeds and steps; any trainer flag passes through, and each run's flags are resol
 the study's, then the run's --variant, depth, lr, warmup and seed (so --preset sets the shape, a variant's
 fields win over it, and a flag given wins over both). A variant is <placement>-<norm> (pre-rmsnorm,
 pre+qk_head-rmsnorm; study/variants.py) or a name of model/names.py. A finished run is reused, so an
-interrupted study, run again, picks up where it stopped; its report adds to an earlier command's there.
+interrupted study, run again, picks up where it stopped; its report adds to an earlier command's there. A
+study folder holds one setting: a command whose shared flags or data differ from a run's there is refused.
 
 --tune_lr compares every variant at its own best peak lr: the tune seeds (the first two of --seeds) train at
 each grid point; the lowest mean final validation loss of an lr at which no tune seed diverged or plateaued
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.cli import ArgumentParser, UserError, count, non_negative, positive_int, run_cli
 from study.parallel import Worker
 from study.report import report
-from study.runner import StudyInterrupted, own_share, tokenize_once, train_study
+from study.runner import StudyInterrupted, check_setting, own_share, tokenize_once, train_study
 from study.variants import PLACEMENT_DEFAULTS, VARIANTS, variant_flags, variant_problem
 from trainer import args as trainer_args
 
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     if runs_side_by_side:  # each run the ranks train is a single-process one
         own_share(worker, base)
         tokenize_once(base, worker)
+    check_setting(base, study)
     try:
         plan = train_study(study, base, worker)
     except StudyInterrupted:

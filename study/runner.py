@@ -15,9 +15,10 @@ import torch
 
 from common.cli import UserError
 from common.environment import usable_cores
-from data import load_tokenizer, prepare_split
+from data import load_tokenizer, prepare_split, tokenizer_fingerprint
 from study import lr_tuning
 from study.parallel import Worker, meet, train_in_parallel
+from study.variants import PLACEMENT_DEFAULTS
 from trainer.args import BOOKKEEPING, RunConfig, parse_args
 from trainer.checkpoint import step_folders
 from trainer.runtime import pick_device
@@ -26,6 +27,12 @@ from trainer.train_pretrain import train
 # Names of setups: the fields they set are compared, not the names (the record of a run trained
 # before the study passed --variant has none).
 NAMES = ("preset", "variant")
+# The flags each run of a study sets for itself (run_args): the fields its variant name sets (the
+# norm type as --norm; "mix<fraction>" sets --mix_ln_fraction), its depth, lr, warmup and seed. The
+# others make the study's setting, one per folder (check_setting).
+PER_RUN = ("norm", *PLACEMENT_DEFAULTS, "mix_ln_fraction", "num_hidden_layers", "learning_rate",
+           "warmup_steps", "seed")
+SPLITS = ("train", "validation")
 
 
 def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str:
@@ -74,6 +81,39 @@ def differences(expected: dict, summary: dict) -> list[str]:
     return sorted(k for k, v in expected.items() if k in recorded and recorded[k] != v)
 
 
+def check_setting(base, study) -> None:
+    """Refuse, in one line, a study whose folder holds runs of another setting, before anything
+    trains: a folder's report compares its runs as trained alike. Every run recorded there is
+    checked: the flags a study's runs share (all but the bookkeeping and PER_RUN), then the data
+    and tokenizer by their hashes, so that the same --data_path with other content is refused too."""
+    folder = Path(study.out_dir)
+    summaries = [json.loads(p.read_text()) for p in sorted(folder.glob("runs/*/summary.json"))]
+    shared = {k: v for k, v in vars(base).items() if k not in (*BOOKKEEPING, *NAMES, *PER_RUN)}
+    for summary in summaries:
+        expected = shared | {"min_lr": capped_min_lr(base, summary["args"]["learning_rate"])}
+        if changed := differences(expected, summary):
+            recorded = recorded_args(summary)
+            was = " and ".join(f"--{k} {shown(recorded[k])}" for k in changed)
+            now = " and ".join(shown(expected[k]) for k in changed)
+            raise UserError(f"{folder} holds runs trained with {was}, not {now}; use a new --out_dir "
+                            "for a different setting")
+    fingerprints = [summary["data"] for summary in summaries if "data" in summary]
+    if not fingerprints:  # nothing to compare: the corpus is not tokenized for it
+        return
+    tokenizer, *splits = token_splits(base)
+    ours = {"tokenizer": tokenizer_fingerprint(tokenizer)} | {s.split: s.sha256 for s in splits}
+    for data in fingerprints:
+        theirs = {"tokenizer": data["tokenizer"]} | {split: data[split]["sha256"] for split in SPLITS}
+        if other := [part for part in ours if theirs[part] != ours[part]]:
+            what = other[0] if other[0] == "tokenizer" else f"{other[0]} split"
+            raise UserError(f"{folder} holds runs trained on another {what} than --data_path and "
+                            "--tokenizer_path give now; use a new --out_dir for a different setting")
+
+
+def shown(value) -> str:
+    return "unset" if value is None else str(value)
+
+
 def finished_run(base, study, *run) -> dict | None:
     """The summary of a run of the study that is finished (trained to --max_steps, or diverged), with out_dir
     where it is now, wherever the study ran from then; None if it is not."""
@@ -119,7 +159,7 @@ def token_splits(base) -> tuple:
     tokenizer = load_tokenizer(base.tokenizer_path)
     return tokenizer, *(prepare_split(base.data_path, split, tokenizer, base.text_field,
                                       num_proc=base.num_proc, streaming=base.streaming)
-                        for split in ("train", "validation"))
+                        for split in SPLITS)
 
 
 def tuning_point(lr: float, run: dict) -> lr_tuning.Point:

@@ -173,33 +173,62 @@ def test_repeated_seeds_and_variants_run_and_count_once(fake_runs):
     assert [[r["seed"] for r in runs] for runs in groups.values()] == [[0, 1, 2]]
 
 
-def test_a_finished_run_is_reused_and_refused_with_other_values(study, monkeypatch, capsys):
-    flags = ("--variants", "pre-rmsnorm", "--max_steps", "2", "--eval_interval", "2")
+def test_a_finished_run_is_reused_and_a_study_folder_holds_one_setting(study, tmp_path, tiny_corpus,
+                                                                      monkeypatch, capsys):
+    corpus = tmp_path / "corpus.jsonl"  # a copy, to change under the same name
+    plays = Path(tiny_corpus).read_text()
+    corpus.write_text(plays)
+    # (a --min_lr above the run's lr: each run's end of the decay is capped at its peak)
+    flags = ("--data_path", str(corpus), "--variants", "pre-rmsnorm", "--max_steps", "2",
+             "--eval_interval", "2", "--learning_rates", "1e-3", "--min_lr", "2e-3")
     out = study(*flags)
     run = next((out / "runs").iterdir())
 
     def no_training(args):
         raise AssertionError(f"trained {args.out_dir} again")
     monkeypatch.setattr(runner, "train", no_training)
-    study(*flags)
-    # a record of an older trainer and runner: the width null (the device's default), no --variant, no
-    # --min_lr_ratio; read as its model and what it has
+    # The same command reuses the run, also as an older trainer and runner recorded it: the width null
+    # (the device's default), no --variant, no --min_lr_ratio; read as its model and what it has.
     summary = json.loads((run / "summary.json").read_text())
     del summary["args"]["min_lr_ratio"]
     summary["args"] |= {"hidden_size": None, "variant": None}
     (run / "summary.json").write_text(json.dumps(summary))
     study(*flags)
-    with pytest.raises(UserError, match="other values of --grad_clip"):
-        study(*flags, "--grad_clip", "0.5")
+
+    def refusal(*more: str) -> str:
+        """The one line that refuses the study's command with more flags (after the progress bars
+        of tokenizing a corpus to compare it)."""
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            run_cli(lambda: study(*flags, *more))
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert stopped.value.code == 2 and len(errors) == 1 and err.endswith(f"{errors[0]}\n"), err
+        return errors[0]
+    # another setting, in any run of the folder (another variant's too)
+    setting = "use a new --out_dir for a different setting"
+    for more in ((), ("--variants", "post-rmsnorm")):
+        assert refusal("--max_steps", "3", *more) == (f"error: {out} holds runs trained with "
+                                                      f"--max_steps 2, not 3; {setting}")
+    assert refusal("--grad_clip", "0.5", "--max_steps", "3") == (
+        f"error: {out} holds runs trained with --grad_clip 1.0 and --max_steps 2, not 0.5 and 3; "
+        f"{setting}")
+    other = tmp_path / "other.jsonl"
+    other.write_text(plays[: len(plays) // 2])
+    assert refusal("--data_path", str(other)) == (f"error: {out} holds runs trained with --data_path "
+                                                  f"{corpus}, not {other}; {setting}")
+    corpus.write_text(plays.replace("Prospero", "Propsero"))  # the same --data_path, other text
+    assert re.fullmatch(rf"error: {re.escape(str(out))} holds runs trained on another (train|validation) "
+                        rf"split than --data_path and --tokenizer_path give now; {setting}", refusal())
+    corpus.write_text(plays)
+    # what only a run of the same name can tell: a field its variant leaves to the study
+    with pytest.raises(UserError, match="other values of --mix_ln_fraction"):
+        study(*flags, "--mix_ln_fraction", "0.5")
     # a finished run without its metrics is one error, not a crash
     report = (out / "results.md").read_text()
     (run / "metrics.jsonl").unlink()
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as stopped:
-        run_cli(lambda: study(*flags))
-    err = capsys.readouterr().err
-    assert stopped.value.code == 2 and err == (f"error: {run} is finished but its metrics.jsonl is missing; "
-                                               "restore it, or delete the run's folder to train it again\n")
+    assert refusal() == (f"error: {run} is finished but its metrics.jsonl is missing; restore it, or "
+                         "delete the run's folder to train it again")
     assert (out / "results.md").read_text() == report and (run / "summary.json").is_file()
 
 
