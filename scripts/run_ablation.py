@@ -7,13 +7,11 @@
     python scripts/run_ablation.py --lr_from out/fair --max_steps 1600 --seeds 2 3 4     # its longer rung
     torchrun --nproc_per_node 2 scripts/run_ablation.py --tune_lr 2e-3 4e-3 8e-3 --seeds 0 1 2 3 4
 
-Every run is trainer.train_pretrain.train (as `python trainer/train_pretrain.py` runs it), with the same data,
-seeds and steps; any trainer flag passes through, and each run's flags are resolved by the trainer's parser:
-the study's, then the run's --variant, depth, lr, warmup and seed (so --preset sets the shape, a variant's
-fields win over it, and a flag given wins over both). A variant is <placement>-<norm> (pre-rmsnorm,
-pre+qk_head-rmsnorm; study/variants.py) or a name of model/names.py. A finished run is reused, so an
-interrupted study, run again, picks up where it stopped; its report adds to an earlier command's there. A
-study folder holds one setting: a command whose shared flags or data differ from a run's there is refused.
+Every run is trainer.train_pretrain.train, its flags the trainer's parse of the study's with the run's
+--variant, depth, lr, warmup and seed added; any trainer flag passes through. A variant is
+<placement>-<norm> (pre-rmsnorm, pre+qk_head-rmsnorm; study/variants.py) or a name of model/names.py. A
+finished run is reused, so an interrupted study, run again, picks up where it stopped; its report adds to an
+earlier command's there. A study folder holds one setting: other shared flags or data are refused.
 
 --tune_lr compares every variant at its own best peak lr: the tune seeds (the first two of --seeds) train at
 each grid point; the lowest mean final validation loss of an lr at which no tune seed diverged or plateaued
@@ -37,11 +35,11 @@ from common.cli import ArgumentParser, UserError, count, non_negative, positive_
 from study.parallel import Worker
 from study.report import report
 from study.runner import StudyInterrupted, check_setting, own_share, tokenize_once, train_study
-from study.variants import PLACEMENT_DEFAULTS, VARIANTS, variant_flags, variant_problem
+from study.variants import PLACEMENT_DEFAULTS, VARIANTS, variant_fields, variant_problem
 from trainer import args as trainer_args
 
 # Flags each run gets from the study, so passing them as trainer flags would be ignored or contradictory.
-SET_PER_RUN = ("--seed", "--resume", "--overwrite", "--variant",
+SET_PER_RUN = ("--seed", "--resume", "--overwrite", "--variant", "--mix_ln_fraction",
                *(f"--{name}" for name in ("norm", "norm_type", *PLACEMENT_DEFAULTS)))
 
 
@@ -87,7 +85,7 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     variants = [v for v in VARIANTS if not variant_problem(v)] if own.variants == ["all"] else own.variants
     for v in variants:
         try:
-            variant_flags(v)
+            variant_fields(v)
         except ValueError as err:
             raise UserError(f"--variants: {err}") from None
         if problem := variant_problem(v):
@@ -102,9 +100,7 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
         raise UserError(f"--tune_lr_for {' '.join(bad)}: not one of --variants")
     if own.tune_lr and int(os.environ.get("WORLD_SIZE", "1")) > 1 and own.parallel == "data":
         raise UserError("--tune_lr trains its grid's runs side by side: use --parallel runs")
-    # the trainer flags, resolved as the trainer resolves them: the study's defaults; each run adds its
-    # own to them (study/runner.py run_args)
-    own.trainer_flags = rest
+    own.trainer_flags = rest  # each run adds its own (study/runner.py run_args)
     base = trainer_args.parse_args(rest)
     own.lr_from = lr_records(own.lr_from, variants, own.depths or [base.num_hidden_layers], own.tune_lr)
     # each value once: a repeated seed or variant is the same run, which would weigh twice in every mean

@@ -24,15 +24,11 @@ from trainer.checkpoint import step_folders
 from trainer.runtime import pick_device
 from trainer.train_pretrain import train
 
-# Names of setups: the fields they set are compared, not the names (the record of a run trained
-# before the study passed --variant has none).
-NAMES = ("preset", "variant")
-# The flags each run of a study sets for itself (run_args): the fields its variant name sets (the
-# norm type as --norm; "mix<fraction>" sets --mix_ln_fraction), its depth, lr, warmup and seed. The
-# others make the study's setting, one per folder (check_setting).
-PER_RUN = ("norm", *PLACEMENT_DEFAULTS, "mix_ln_fraction", "num_hidden_layers", "learning_rate",
-           "warmup_steps", "seed")
-SPLITS = ("train", "validation")
+# What each run of a study sets for itself (run_args), all of it in the run's name: its variant and
+# the fields a variant name sets (the norm type as --norm), its depth, lr, warmup and seed. The other
+# flags, the bookkeeping aside, are the study's setting: one per folder (check_setting).
+PER_RUN = ("variant", "norm", *PLACEMENT_DEFAULTS, "mix_ln_fraction", "num_hidden_layers",
+           "learning_rate", "warmup_steps", "seed")
 
 
 def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str:
@@ -41,10 +37,8 @@ def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str
 
 def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int,
              job: str = "run") -> RunConfig:
-    """The flags of one run of the study, resolved as the trainer resolves its command line: the
-    study's trainer flags (its --preset included), then the run's own: its --variant, depth, lr,
-    warmup and seed, its folder and wandb names. job is what the run is to the study (trainer/args.py
-    WANDB_JOBS)."""
+    """One run's flags: the trainer's parse of the study's trainer flags and the run's own (its
+    --variant, depth, lr, warmup, seed, folder and wandb names); job is trainer/args.py WANDB_JOBS."""
     name = run_name(variant, depth, lr, warmup, seed)
     out_dir = Path(study.out_dir) / "runs" / name
     # A run with a checkpoint continues; one without starts afresh over whatever a crash before its
@@ -52,80 +46,51 @@ def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed
     resume = bool(out_dir.is_dir() and step_folders(out_dir))
     own = ["--variant", variant, "--num_hidden_layers", str(depth), "--learning_rate", str(lr),
            "--warmup_steps", str(warmup), "--seed", str(seed), "--out_dir", str(out_dir),
-           "--resume" if resume else "--overwrite",
-           "--wandb_group", base.wandb_group or Path(study.out_dir).name,
-           "--wandb_run_name", name, "--wandb_job", job]
+           "--resume" if resume else "--overwrite", "--wandb_run_name", name, "--wandb_job", job,
+           "--wandb_group", base.wandb_group or Path(study.out_dir).name]
     if base.min_lr is not None:
         own += ["--min_lr", str(capped_min_lr(base, lr))]
     return parse_args([*study.trainer_flags, *own])
 
 
 def capped_min_lr(base, lr: float) -> float | None:
-    """A run's --min_lr: the study's, at most the run's peak (a grid may go below it)."""
+    """A run's --min_lr: the study's, at most the run's peak."""
     return None if base.min_lr is None else min(base.min_lr, lr)
-
-
-def recorded_args(summary: dict) -> dict:
-    """A run's recorded flags, as comparable with today's: a width recorded as null (the device's
-    default, before the trainer resolved it) is the model's."""
-    args = dict(summary["args"])
-    if args.get("hidden_size") is None:
-        args["hidden_size"] = summary["hidden_size"]
-    return args
-
-
-def differences(expected: dict, summary: dict) -> list[str]:
-    """The flags whose value a run recorded differs from the expected one. A flag the record lacks
-    (an older trainer's) is not compared."""
-    recorded = recorded_args(summary)
-    return sorted(k for k, v in expected.items() if k in recorded and recorded[k] != v)
 
 
 def check_setting(base, study) -> None:
     """Refuse, in one line, a study whose folder holds runs of another setting, before anything
-    trains: a folder's report compares its runs as trained alike. Every run recorded there is
-    checked: the flags a study's runs share (all but the bookkeeping and PER_RUN), then the data
-    and tokenizer by their hashes, so that the same --data_path with other content is refused too."""
+    trains: every run recorded there is checked, on the flags the study's runs share (not on one its
+    record lacks, an older trainer's), then on the hashes of the data and tokenizer."""
     folder = Path(study.out_dir)
     summaries = [json.loads(p.read_text()) for p in sorted(folder.glob("runs/*/summary.json"))]
-    shared = {k: v for k, v in vars(base).items() if k not in (*BOOKKEEPING, *NAMES, *PER_RUN)}
-    for summary in summaries:
-        expected = shared | {"min_lr": capped_min_lr(base, summary["args"]["learning_rate"])}
-        if changed := differences(expected, summary):
-            recorded = recorded_args(summary)
-            was = " and ".join(f"--{k} {shown(recorded[k])}" for k in changed)
-            now = " and ".join(shown(expected[k]) for k in changed)
-            raise UserError(f"{folder} holds runs trained with {was}, not {now}; use a new --out_dir "
-                            "for a different setting")
-    fingerprints = [summary["data"] for summary in summaries if "data" in summary]
-    if not fingerprints:  # nothing to compare: the corpus is not tokenized for it
+    if not summaries:
         return
-    tokenizer, *splits = token_splits(base)
-    ours = {"tokenizer": tokenizer_fingerprint(tokenizer)} | {s.split: s.sha256 for s in splits}
-    for data in fingerprints:
-        theirs = {"tokenizer": data["tokenizer"]} | {split: data[split]["sha256"] for split in SPLITS}
-        if other := [part for part in ours if theirs[part] != ours[part]]:
-            what = other[0] if other[0] == "tokenizer" else f"{other[0]} split"
-            raise UserError(f"{folder} holds runs trained on another {what} than --data_path and "
-                            "--tokenizer_path give now; use a new --out_dir for a different setting")
-
-
-def shown(value) -> str:
-    return "unset" if value is None else str(value)
+    shared = {k: v for k, v in vars(base).items() if k not in (*BOOKKEEPING, *PER_RUN)}
+    for summary in summaries:
+        # the model's width: a record before the trainer resolved it holds null
+        recorded = summary["args"] | {"hidden_size": summary["hidden_size"]}
+        expected = shared | {"min_lr": capped_min_lr(base, recorded["learning_rate"])}
+        if changed := [k for k in expected if k in recorded and recorded[k] != expected[k]]:
+            was = " and ".join(f"--{k} {recorded[k]}" for k in changed)
+            now = " and ".join(str(expected[k]) for k in changed)
+            raise UserError(f"{folder} holds runs trained with {was}, not {now}; use a new "
+                            "--out_dir for a different setting")
+    tokenizer, *splits = token_splits(base)  # as the trainer records them (train_pretrain.load_data)
+    data = {"tokenizer": tokenizer_fingerprint(tokenizer)} | {
+        s.split: {"num_tokens": s.num_tokens, "sha256": s.sha256} for s in splits}
+    if any(summary.get("data", data) != data for summary in summaries):
+        raise UserError(f"{folder} holds runs trained on other data or tokenizer than --data_path and "
+                        "--tokenizer_path give now; use a new --out_dir for a different setting")
 
 
 def finished_run(base, study, *run) -> dict | None:
     """The summary of a run of the study that is finished (trained to --max_steps, or diverged), with out_dir
     where it is now, wherever the study ran from then; None if it is not."""
-    args = run_args(base, study, *run)
-    out_dir = Path(args.out_dir)
+    out_dir = Path(study.out_dir) / "runs" / run_name(*run)
     if not (out_dir / "summary.json").exists():
         return None
     summary = json.loads((out_dir / "summary.json").read_text())
-    compared = {k: v for k, v in vars(args).items() if k not in (*BOOKKEEPING, *NAMES)}
-    if changed := differences(compared, summary):
-        raise UserError(f"{out_dir} was trained with other values of --{', --'.join(changed)}; "
-                        "use a new --out_dir for a different study")
     ranks = int(os.environ.get("WORLD_SIZE", "1"))  # what each run trains on: 1 with --parallel runs
     if summary["world_size"] != ranks:
         raise UserError(f"{out_dir} was trained on {summary['world_size']} data-parallel ranks, this study "
@@ -159,7 +124,7 @@ def token_splits(base) -> tuple:
     tokenizer = load_tokenizer(base.tokenizer_path)
     return tokenizer, *(prepare_split(base.data_path, split, tokenizer, base.text_field,
                                       num_proc=base.num_proc, streaming=base.streaming)
-                        for split in SPLITS)
+                        for split in ("train", "validation"))
 
 
 def tuning_point(lr: float, run: dict) -> lr_tuning.Point:
