@@ -7,10 +7,11 @@
     python scripts/run_ablation.py --lr_from out/fair --max_steps 1600 --seeds 2 3 4     # its longer rung
     torchrun --nproc_per_node 2 scripts/run_ablation.py --tune_lr 2e-3 4e-3 8e-3 --seeds 0 1 2 3 4
 
-Every run is trainer.train_pretrain.train (as `python trainer/train_pretrain.py` runs it), with the same data,
-seeds and steps; any trainer flag passes through. A variant is <placement>-<norm> (pre-rmsnorm,
-pre+qk_head-rmsnorm; study/variants.py) or a name of model/names.py. A finished run is reused, so an
-interrupted study, run again, picks up where it stopped; its report adds to an earlier command's there.
+Every run is trainer.train_pretrain.train, its flags the trainer's parse of the study's with the run's
+--variant, depth, lr, warmup and seed added; any trainer flag passes through. A variant is
+<placement>-<norm> (pre-rmsnorm, pre+qk_head-rmsnorm; study/variants.py) or a name of model/names.py. A
+finished run is reused, so an interrupted study, run again, picks up where it stopped; its report adds to an
+earlier command's there. A study folder holds one setting: other shared flags or data are refused.
 
 --tune_lr compares every variant at its own best peak lr: the tune seeds (the first two of --seeds) train at
 each grid point; the lowest mean final validation loss of an lr at which no tune seed diverged or plateaued
@@ -33,12 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.cli import ArgumentParser, UserError, count, non_negative, positive_int, run_cli
 from study.parallel import Worker
 from study.report import report
-from study.runner import StudyInterrupted, own_share, tokenize_once, train_study
-from study.variants import PLACEMENT_DEFAULTS, VARIANTS, variant_flags, variant_problem
-from trainer.args import build_parser, fill_device_defaults
+from study.runner import StudyInterrupted, check_setting, own_share, tokenize_once, train_study
+from study.variants import PLACEMENT_DEFAULTS, VARIANTS, variant_fields, variant_problem
+from trainer import args as trainer_args
 
 # Flags each run gets from the study, so passing them as trainer flags would be ignored or contradictory.
-SET_PER_RUN = ("--seed", "--resume", "--overwrite", *(f"--{name}" for name in ("norm", *PLACEMENT_DEFAULTS)))
+SET_PER_RUN = ("--seed", "--resume", "--overwrite", "--variant", "--mix_ln_fraction",
+               *(f"--{name}" for name in ("norm", "norm_type", *PLACEMENT_DEFAULTS)))
 
 
 def positive_float(text: str) -> float:
@@ -83,7 +85,7 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     variants = [v for v in VARIANTS if not variant_problem(v)] if own.variants == ["all"] else own.variants
     for v in variants:
         try:
-            variant_flags(v)
+            variant_fields(v)
         except ValueError as err:
             raise UserError(f"--variants: {err}") from None
         if problem := variant_problem(v):
@@ -98,7 +100,8 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
         raise UserError(f"--tune_lr_for {' '.join(bad)}: not one of --variants")
     if own.tune_lr and int(os.environ.get("WORLD_SIZE", "1")) > 1 and own.parallel == "data":
         raise UserError("--tune_lr trains its grid's runs side by side: use --parallel runs")
-    base = fill_device_defaults(build_parser().parse_args(rest))
+    own.trainer_flags = rest  # each run adds its own (study/runner.py run_args)
+    base = trainer_args.parse_args(rest)
     own.lr_from = lr_records(own.lr_from, variants, own.depths or [base.num_hidden_layers], own.tune_lr)
     # each value once: a repeated seed or variant is the same run, which would weigh twice in every mean
     own.variants, own.seeds = list(dict.fromkeys(variants)), list(dict.fromkeys(own.seeds))
@@ -133,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     if runs_side_by_side:  # each run the ranks train is a single-process one
         own_share(worker, base)
         tokenize_once(base, worker)
+    check_setting(base, study)
     try:
         plan = train_study(study, base, worker)
     except StudyInterrupted:

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import sys
-from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,49 +15,82 @@ import torch
 
 from common.cli import UserError
 from common.environment import usable_cores
-from data import load_tokenizer, prepare_split
+from data import load_tokenizer, prepare_split, tokenizer_fingerprint
 from study import lr_tuning
 from study.parallel import Worker, meet, train_in_parallel
-from study.variants import variant_flags
-from trainer.args import BOOKKEEPING, validate
+from study.variants import PLACEMENT_DEFAULTS
+from trainer.args import BOOKKEEPING, RunConfig, parse_args
 from trainer.checkpoint import step_folders
 from trainer.runtime import pick_device
 from trainer.train_pretrain import train
+
+# What each run of a study sets for itself (run_args), all of it in the run's name: its variant and
+# the fields a variant name sets (the norm type as --norm), its depth, lr, warmup and seed. The other
+# flags, the bookkeeping aside, are the study's setting: one per folder (check_setting).
+PER_RUN = ("variant", "norm", *PLACEMENT_DEFAULTS, "mix_ln_fraction", "num_hidden_layers",
+           "learning_rate", "warmup_steps", "seed")
 
 
 def run_name(variant: str, depth: int, lr: float, warmup: int, seed: int) -> str:
     return f"{variant}-L{depth}-lr{lr:g}-wu{warmup}-s{seed}"
 
 
-def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int, job: str = "run"):
-    """The trainer flags of one run of the study; job is what the run is to it (trainer/args.py
-    WANDB_JOBS)."""
+def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed: int,
+             job: str = "run") -> RunConfig:
+    """One run's flags: the trainer's parse of the study's trainer flags and the run's own (its
+    --variant, depth, lr, warmup, seed, folder and wandb names); job is trainer/args.py WANDB_JOBS."""
     name = run_name(variant, depth, lr, warmup, seed)
     out_dir = Path(study.out_dir) / "runs" / name
-    # A run with a checkpoint continues; one without starts afresh over whatever a crash before its first
-    # checkpoint left in its folder (this study's own, named after the run).
+    # A run with a checkpoint continues; one without starts afresh over whatever a crash before its
+    # first checkpoint left in its folder (this study's own, named after the run).
     resume = bool(out_dir.is_dir() and step_folders(out_dir))
-    return Namespace(**{**vars(base), **variant_flags(variant), "num_hidden_layers": depth, "seed": seed,
-                        "learning_rate": lr, "warmup_steps": warmup,
-                        "min_lr": None if base.min_lr is None else min(base.min_lr, lr),
-                        "out_dir": str(out_dir), "resume": resume, "overwrite": not resume,
-                        "wandb_group": base.wandb_group or Path(study.out_dir).name, "wandb_run_name": name,
-                        "wandb_job": job})
+    own = ["--variant", variant, "--num_hidden_layers", str(depth), "--learning_rate", str(lr),
+           "--warmup_steps", str(warmup), "--seed", str(seed), "--out_dir", str(out_dir),
+           "--resume" if resume else "--overwrite", "--wandb_run_name", name, "--wandb_job", job,
+           "--wandb_group", base.wandb_group or Path(study.out_dir).name]
+    if base.min_lr is not None:
+        own += ["--min_lr", str(capped_min_lr(base, lr))]
+    return parse_args([*study.trainer_flags, *own])
+
+
+def capped_min_lr(base, lr: float) -> float | None:
+    """A run's --min_lr: the study's, at most the run's peak."""
+    return None if base.min_lr is None else min(base.min_lr, lr)
+
+
+def check_setting(base, study) -> None:
+    """Refuse, in one line, a study whose folder holds runs of another setting, before anything
+    trains: every run recorded there is checked, on the flags the study's runs share (not on one its
+    record lacks, an older trainer's), then on the hashes of the data and tokenizer."""
+    folder = Path(study.out_dir)
+    summaries = [json.loads(p.read_text()) for p in sorted(folder.glob("runs/*/summary.json"))]
+    if not summaries:
+        return
+    shared = {k: v for k, v in vars(base).items() if k not in (*BOOKKEEPING, *PER_RUN)}
+    for summary in summaries:
+        # the model's width: a record before the trainer resolved it holds null
+        recorded = summary["args"] | {"hidden_size": summary["hidden_size"]}
+        expected = shared | {"min_lr": capped_min_lr(base, recorded["learning_rate"])}
+        if changed := [k for k in expected if k in recorded and recorded[k] != expected[k]]:
+            was = " and ".join(f"--{k} {recorded[k]}" for k in changed)
+            now = " and ".join(str(expected[k]) for k in changed)
+            raise UserError(f"{folder} holds runs trained with {was}, not {now}; use a new "
+                            "--out_dir for a different setting")
+    tokenizer, *splits = token_splits(base)  # as the trainer records them (train_pretrain.load_data)
+    data = {"tokenizer": tokenizer_fingerprint(tokenizer)} | {
+        s.split: {"num_tokens": s.num_tokens, "sha256": s.sha256} for s in splits}
+    if any(summary.get("data", data) != data for summary in summaries):
+        raise UserError(f"{folder} holds runs trained on other data or tokenizer than --data_path and "
+                        "--tokenizer_path give now; use a new --out_dir for a different setting")
 
 
 def finished_run(base, study, *run) -> dict | None:
     """The summary of a run of the study that is finished (trained to --max_steps, or diverged), with out_dir
     where it is now, wherever the study ran from then; None if it is not."""
-    args = run_args(base, study, *run)
-    out_dir = Path(args.out_dir)
+    out_dir = Path(study.out_dir) / "runs" / run_name(*run)
     if not (out_dir / "summary.json").exists():
         return None
     summary = json.loads((out_dir / "summary.json").read_text())
-    changed = sorted(k for k, v in vars(args).items()
-                     if k not in BOOKKEEPING and summary["args"].get(k) != v)
-    if changed:
-        raise UserError(f"{out_dir} was trained with other values of --{', --'.join(changed)}; "
-                        "use a new --out_dir for a different study")
     ranks = int(os.environ.get("WORLD_SIZE", "1"))  # what each run trains on: 1 with --parallel runs
     if summary["world_size"] != ranks:
         raise UserError(f"{out_dir} was trained on {summary['world_size']} data-parallel ranks, this study "
@@ -80,7 +112,7 @@ def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed:
     if (summary := finished_run(base, study, *run)) is None:
         args = run_args(base, study, *run, job)
         print(f"\n=== {args.wandb_run_name}")
-        summary = train(validate(args))
+        summary = train(args)
         if summary["diverged"]:  # a finished run ends in the trainer's closing line; a diverged one in this
             print(f"diverged: {summary['divergence']}; the study records it and goes on")
     if summary["interrupted"]:

@@ -5,7 +5,7 @@ from model.model_minimind import NORM_POSITIONS
 from model.names import RECIPES, VARIANT_DEFAULTS, variant_fields, variant_problem
 from model.norms import NORM_TYPES
 
-__all__ = ["NAMED", "PLACEMENTS", "PLACEMENT_DEFAULTS", "VARIANTS", "variant_flags", "variant_problem"]
+__all__ = ["NAMED", "PLACEMENTS", "PLACEMENT_DEFAULTS", "VARIANTS", "variant_fields", "variant_problem"]
 
 PLACEMENTS = [position for position in NORM_POSITIONS if position != "rezero"] + [
     "pre+depth", "mix+depth",  # LayerNorm Scaling ("The Curse of Depth")
@@ -24,9 +24,3 @@ PLACEMENT_DEFAULTS = {field: value for field, value in VARIANT_DEFAULTS.items() 
 # The catalogue ('all'): every placement with every norm type, and the setups named whole.
 VARIANTS = [f"{placement}-{norm}" for placement in PLACEMENTS for norm in sorted(NORM_TYPES)] + NAMED
 
-
-def variant_flags(name: str) -> dict:
-    """A variant's trainer flags (every field a variant can set, norm_type as --norm), read by the one parser
-    of variant names the trainer's --variant uses too; ValueError naming the part that is not one."""
-    return {"norm" if field == "norm_type" else field: value for field, value in variant_fields(name).items()
-            if field in VARIANT_DEFAULTS}

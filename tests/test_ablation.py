@@ -18,7 +18,7 @@ from study import lr_tuning, runner
 from study.parallel import Worker
 from study.plots import plot_loss_curves, plot_lr_sensitivity
 from study.report import results_table
-from study.variants import NAMED, PLACEMENT_DEFAULTS, PLACEMENTS, VARIANTS, variant_flags, variant_problem
+from study.variants import NAMED, PLACEMENTS, VARIANTS, variant_fields, variant_problem
 from trainer import args as trainer_args
 from trainer import evaluation
 from trainer import train_pretrain as tp
@@ -38,33 +38,15 @@ def study(tmp_path, tiny_flags, monkeypatch):
     return run
 
 
-@pytest.mark.parametrize(("name", "fields"), [
-    ("pre-rmsnorm", {"norm": "rmsnorm"}),
-    ("reorder+qk_proj-rmsnorm_noparam", {"norm_position": "reorder", "qk_norm": "proj",
-                                         "norm": "rmsnorm_noparam"}),
-    ("peri+qkv-ssnorm", {"norm_position": "peri", "qk_norm": "head", "v_norm": "head", "norm": "ssnorm"}),
-    ("hybrid-rmsnorm", {"norm_position": "hybrid", "qk_norm": "head", "v_norm": "head", "norm": "rmsnorm"}),
-    ("peri+embed_scale+one_plus_w-rmsnorm",
-     {"norm_position": "peri", "embed_norm": "scale", "norm_gain": "one_plus_w", "norm": "rmsnorm"}),
-    ("pre+sub-layernorm", {"sub_norm": True, "norm": "layernorm"}),
-    ("mix+depth-dyt", {"norm_position": "mix", "norm_scaling": "depth", "norm": "dyt"}),
-    ("pre+depth+qk_head-derf", {"norm_scaling": "depth", "qk_norm": "head", "norm": "derf"}),  # uncatalogued
-    ("rezero", {"norm_position": "rezero", "norm": "none"}),  # no norm to pair: a named variant
-])
-def test_a_variant_is_read_by_the_trainers_parser_of_names(name, fields):
-    assert variant_flags(name) == {**PLACEMENT_DEFAULTS, **fields}
-
-
 def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkeypatch):
-    """The CPU preset and the GPU default have their own batch, steps and peak learning rate; a given flag
-    wins."""
-    out, keys = ["--out_dir", str(tmp_path / "run")], ("batch_size", "max_steps", "learning_rate")
+    """The CPU preset and the GPU default have their own width, batch, steps and peak learning rate; a given
+    flag wins."""
+    out = ["--out_dir", str(tmp_path / "run")]
+    keys = ("hidden_size", "batch_size", "max_steps", "learning_rate")
     defaults = trainer_args.DEVICE_DEFAULTS
     cpu, cuda = ({key: defaults[device][key] for key in keys} for device in ("cpu", "cuda"))
     args = trainer_args.parse_args(out)
     assert {key: getattr(args, key) for key in keys} == cpu
-    # the width is the model config's to fill, as in runs recorded before the table
-    assert args.hidden_size is None
     study, base = run_ablation.parse_args(out)
     assert study.learning_rates == [cpu["learning_rate"]] and base.max_steps == cpu["max_steps"]
     given = trainer_args.parse_args([*out, "--learning_rate", "3e-4", "--batch_size", "3", "--max_steps",
@@ -97,6 +79,9 @@ def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
     (["--variants", "pre+qk_head+qk_proj-rmsnorm"], "sets qk_norm a second time"),
     (["--qk_norm", "head"], "are set per run by the study"),
     (["--norm=layernorm"], "are set per run by the study"),
+    (["--norm_type", "layernorm"], "are set per run by the study"),
+    (["--variant", "post-rmsnorm"], "are set per run by the study"),
+    (["--mix_ln_fraction", "0.5"], "are set per run by the study"),  # mix0.5-rmsnorm
     (["--depths", "8", "0"], "argument --depths: invalid positive_int value: '0'"),
     (["--variants", "pre-rmsnorm", "hybrid-none"], "error: variant 'hybrid-none' makes no model (qk_norm "
      "adds norms, but norm_type is none)"),
@@ -121,11 +106,11 @@ def test_study_flags_are_completed_from_the_trainers_and_all_is_every_variant_th
     assert len(VARIANTS) == len(PLACEMENTS) * len(NORM_TYPES) + len(NAMED)
     study, _ = run_ablation.parse_args(["--variants", "all", "--seeds", "0", str(2**40)])
     # norms of no type where the placement adds norms, a (1 + w) gain on a norm with no gain: no model
-    flags = {name: variant_flags(name) for name in VARIANTS}
-    invalid = [name for name, f in flags.items()
-               if f["norm"] == "none" and ((f["qk_norm"], f["v_norm"]) != ("none", "none") or f["sub_norm"]
-                                           or f["embed_norm"] == "norm")
-               or f["norm_gain"] != "w" and not NORM_TYPES[f["norm"]].gain]
+    fields = {name: variant_fields(name) for name in VARIANTS}
+    invalid = [name for name, f in fields.items()
+               if f["norm_type"] == "none" and ((f["qk_norm"], f["v_norm"]) != ("none", "none")
+                                                or f["sub_norm"] or f["embed_norm"] == "norm")
+               or f["norm_gain"] != "w" and not NORM_TYPES[f["norm_type"]].gain]
     assert invalid == [name for name in VARIANTS if variant_problem(name)] and "hybrid-none" in invalid
     assert study.variants == [v for v in VARIANTS if v not in invalid] and "pre-none" in study.variants
     assert study.seeds == [0, 2**40]
@@ -172,27 +157,88 @@ def test_repeated_seeds_and_variants_run_and_count_once(fake_runs):
     assert [[r["seed"] for r in runs] for runs in groups.values()] == [[0, 1, 2]]
 
 
-def test_a_finished_run_is_reused_and_refused_with_other_values(study, monkeypatch, capsys):
-    flags = ("--variants", "pre-rmsnorm", "--max_steps", "2", "--eval_interval", "2")
+def test_a_finished_run_is_reused_and_a_study_folder_holds_one_setting(study, tmp_path, tiny_corpus,
+                                                                      monkeypatch, capsys):
+    corpus = tmp_path / "corpus.jsonl"  # a copy, to change under the same name
+    plays = Path(tiny_corpus).read_text()
+    corpus.write_text(plays)
+    # (a --min_lr above the run's lr: each run's end of the decay is capped at its peak)
+    flags = ("--data_path", str(corpus), "--variants", "pre-rmsnorm", "--max_steps", "2",
+             "--eval_interval", "2", "--learning_rates", "1e-3", "--min_lr", "2e-3")
     out = study(*flags)
     run = next((out / "runs").iterdir())
 
     def no_training(args):
         raise AssertionError(f"trained {args.out_dir} again")
     monkeypatch.setattr(runner, "train", no_training)
+    # The same command reuses the run, also as an older trainer recorded it: the width null (the
+    # device's default), no --min_lr_ratio; read as its model and what it has.
+    summary = json.loads((run / "summary.json").read_text())
+    del summary["args"]["min_lr_ratio"]
+    summary["args"]["hidden_size"] = None
+    (run / "summary.json").write_text(json.dumps(summary))
     study(*flags)
-    with pytest.raises(UserError, match="other values of --grad_clip"):
-        study(*flags, "--grad_clip", "0.5")
+
+    def refusal(*more: str) -> str:
+        """The one line that refuses the study's command with more flags (after the progress bars
+        of tokenizing a corpus to compare it)."""
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            run_cli(lambda: study(*flags, *more))
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert stopped.value.code == 2 and len(errors) == 1 and err.endswith(f"{errors[0]}\n"), err
+        return errors[0]
+    # another setting, in any run of the folder (another variant's too)
+    setting = "use a new --out_dir for a different setting"
+    for more in ((), ("--variants", "post-rmsnorm")):
+        assert refusal("--max_steps", "3", *more) == (f"error: {out} holds runs trained with "
+                                                      f"--max_steps 2, not 3; {setting}")
+    assert refusal("--grad_clip", "0.5", "--max_steps", "3") == (
+        f"error: {out} holds runs trained with --max_steps 2 and --grad_clip 1.0, not 3 and 0.5; "
+        f"{setting}")
+    other = tmp_path / "other.jsonl"
+    other.write_text(plays[: len(plays) // 2])
+    assert refusal("--data_path", str(other)) == (f"error: {out} holds runs trained with --data_path "
+                                                  f"{corpus}, not {other}; {setting}")
+    corpus.write_text(plays.replace("Prospero", "Propsero"))  # the same --data_path, other text
+    assert refusal() == (f"error: {out} holds runs trained on other data or tokenizer than --data_path "
+                         f"and --tokenizer_path give now; {setting}")
+    corpus.write_text(plays)
+    # batches of another number of data-parallel ranks
+    (run / "summary.json").write_text(json.dumps(summary | {"world_size": 2}))
+    assert refusal().startswith(f"error: {run} was trained on 2 data-parallel ranks, this study trains")
+    (run / "summary.json").write_text(json.dumps(summary))
     # a finished run without its metrics is one error, not a crash
     report = (out / "results.md").read_text()
     (run / "metrics.jsonl").unlink()
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as stopped:
-        run_cli(lambda: study(*flags))
-    err = capsys.readouterr().err
-    assert stopped.value.code == 2 and err == (f"error: {run} is finished but its metrics.jsonl is missing; "
-                                               "restore it, or delete the run's folder to train it again\n")
+    assert refusal() == (f"error: {run} is finished but its metrics.jsonl is missing; restore it, or "
+                         "delete the run's folder to train it again")
     assert (out / "results.md").read_text() == report and (run / "summary.json").is_file()
+
+
+def test_a_preset_study_trains_the_presets_shape_under_each_variants_norms(tmp_path, tiny_corpus,
+                                                                        tiny_tokenizer_dir):
+    """Each run is resolved as the trainer resolves its command line: MiniMind-3's shape from
+    --preset, the variant's fields over it (post-layernorm has no QK-norm), the run's depth over
+    both."""
+    data = ["--data_path", tiny_corpus, "--tokenizer_path", tiny_tokenizer_dir, "--num_proc", "1"]
+    small = ["--device", "cpu", "--max_seq_len", "32", "--batch_size", "2", "--eval_steps", "1",
+             "--max_steps", "1", "--no_layers_plot"]
+    study, base = run_ablation.parse_args([
+        "--out_dir", str(tmp_path / "study"), *data, *small, "--preset", "minimind3",
+        "--variants", "post-layernorm", "--depths", "1"])
+    # one run, and no report: its figures would take longer than the run
+    ((run,),) = runner.train_study(study, base, Worker()).groups.values()
+    minimind3 = {"hidden_size": 768, "num_attention_heads": 8, "num_key_value_heads": 4,
+                 "intermediate_size": 2432, "rms_norm_eps": 1e-6}
+    variant = {"norm_position": "post", "qk_norm": "none", "num_hidden_layers": 1}
+    model = {**minimind3, **variant, "norm_type": "layernorm"}
+    config = json.loads((step_folders(Path(run["out_dir"]))[0] / "config.json").read_text())
+    assert {k: config[k] for k in model} == model
+    recorded = {**minimind3, **variant, "norm": "layernorm", "preset": "minimind3",
+                "variant": "post-layernorm"}
+    assert {k: run["args"][k] for k in recorded} == recorded
 
 
 @pytest.mark.slow  # four runs and their figures: 15-40 s on 2 busy cores

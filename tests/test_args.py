@@ -4,8 +4,8 @@ written, and the architecture from --preset, then --variant, then the flags give
 import pytest
 
 from common.cli import UserError
-from model import PRESETS, SWITCHES, MiniMindConfig, norm_variant, variant_problem
-from study.variants import VARIANTS, variant_flags
+from model import PRESETS, SWITCHES, MiniMindConfig, norm_variant, variant_fields, variant_problem
+from study.variants import VARIANTS
 from trainer.args import BOOKKEEPING, MUST_MATCH, build_parser, final_lr, parse_args
 
 # Every flag the trainer accepts. A flag added or removed fails this test on purpose: a new flag is a new
@@ -107,8 +107,7 @@ def test_what_argparse_cannot_check_is_one_line_in_the_flags_words(flags, messag
 
 def test_the_flags_are_resolved_once_and_read_only():
     args = parse_args(["--device", "cpu", "--norm_position", "hybrid"])
-    assert (args.max_steps, args.hidden_size, args.qk_norm) == (760, None, "head")
-    assert args.arch["hidden_size"] == 128
+    assert (args.max_steps, args.hidden_size, args.qk_norm) == (760, 128, "head")
     with pytest.raises(AttributeError, match="resolved once"):
         args.max_steps = 1
 
@@ -139,10 +138,9 @@ def test_hybridnorm_alone_implies_its_qkv_norm_and_a_contradiction_names_both_fl
 
 
 @pytest.mark.parametrize("name", [name for name in VARIANTS if variant_problem(name) is None])
-def test_variant_gives_the_fields_the_runner_passes_for_that_name(name):
+def test_variant_gives_the_fields_its_name_spells(name):
     by_name = parse_args(["--device", "cpu", "--variant", name]).arch
-    spelled = [arg for flag, value in variant_flags(name).items() if value is not False
-               for arg in ([f"--{flag}"] if value is True else [f"--{flag}", str(value)])]
+    spelled = as_flags({field: value for field, value in variant_fields(name).items() if value is not False})
     assert by_name == parse_args(["--device", "cpu", *spelled]).arch
     assert norm_variant(MiniMindConfig(**by_name)) == name
 

@@ -132,9 +132,8 @@ class RunConfig(argparse.Namespace):
 
     @property
     def arch(self) -> dict:
-        """The model config's fields: the switches, the width the device's default when unset."""
-        fields = {switch.name: getattr(self, switch.flag_name) for switch in SWITCHES}
-        return fields | {"hidden_size": self.hidden_size or device_defaults(self.device)["hidden_size"]}
+        """The model config's fields, by their names there (--norm is norm_type)."""
+        return {switch.name: getattr(self, switch.flag_name) for switch in SWITCHES}
 
 
 def device_defaults(device: str) -> dict:
@@ -148,20 +147,19 @@ def final_lr(args: argparse.Namespace) -> float:
 
 def resolve(args: argparse.Namespace) -> RunConfig:
     """The flags as the run reads them: the device's defaults (DEVICE_DEFAULTS) for those unset, the
-    switches the placement implies (with_implied); the width stays unset, so that a run's recorded
-    flags keep their meaning. What argparse cannot check alone is one line naming the flag."""
+    width included, and the switches the placement implies (with_implied), so that a run records the
+    model it trained. Left unset: what the model derives from the other switches (the SwiGLU width,
+    DeepNorm's scales). What argparse cannot check alone is one line naming the flag."""
     values = dict(vars(args))
-    defaults = device_defaults(args.device)
-    for name, value in defaults.items():
-        if name != "hidden_size" and values[name] is None:
+    for name, value in device_defaults(args.device).items():
+        if values[name] is None:
             values[name] = value
     values["diag_interval"] = values["diag_interval"] or values["log_interval"]
-    width = values["hidden_size"] or defaults["hidden_size"]
-    switches = with_implied({s.name: values[s.flag_name] for s in SWITCHES} | {"hidden_size": width})
+    switches = with_implied({s.name: values[s.flag_name] for s in SWITCHES})
     if problem := config_problem(switches, name={s.name: f"--{s.flag_name}" for s in SWITCHES}.get):
         raise UserError(problem)
     for switch in SWITCHES:  # what the placement implies (HybridNorm's q, k and v norms)
-        if values[switch.flag_name] is None and switch.name != "hidden_size":
+        if values[switch.flag_name] is None:
             values[switch.flag_name] = getattr(switches, switch.name)
     run = RunConfig(values)
     if not 0 <= final_lr(run) <= run.learning_rate:  # the cosine "decay" would raise the rate
@@ -169,10 +167,6 @@ def resolve(args: argparse.Namespace) -> RunConfig:
                         f"{run.learning_rate:g}]; set --min_lr_ratio in [0, 1], or --min_lr at most "
                         "--learning_rate")
     return run
-
-
-# the names the study calls it by (study/runner.py, scripts/run_ablation.py)
-validate = fill_device_defaults = resolve
 
 
 def parse_args(argv: list[str] | None = None) -> RunConfig:
