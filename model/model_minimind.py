@@ -231,6 +231,12 @@ class MiniMindConfig(PretrainedConfig):
         return self.hidden_size // self.num_attention_heads
 
 
+def norm_for(config: MiniMindConfig, dim: int | None = None) -> nn.Module:
+    """The norm the config puts in a slot of dim channels (default: the hidden size)."""
+    return make_norm(config.norm_type, dim or config.hidden_size, eps=config.rms_norm_eps,
+                     one_plus_w=config.norm_gain == "one_plus_w", alpha_init=config.dyt_alpha_init)
+
+
 # --------------------------------------------------------------------------------------------------
 # One block, for every placement: its LayerPlan says which norm slots hold a norm and how to scale.
 
@@ -243,7 +249,7 @@ class MiniMindBlock(nn.Module):
         self.mlp = FeedForward(config, plan.init_scale)
         for slots in (plan.attn, plan.mlp):
             for name in filter(None, (slots.before, slots.after, slots.around)):
-                self.add_module(name, make_norm(config))
+                self.add_module(name, norm_for(config))
         if plan.residual_scale:  # ReZero: one scalar per sublayer, 0 at init (set in _init_weights)
             self.attn_residual_scale = nn.Parameter(torch.zeros(1))
             self.mlp_residual_scale = nn.Parameter(torch.zeros(1))
@@ -306,12 +312,12 @@ class Attention(nn.Module):
         if self.qk_norm != "none":
             per_head = self.qk_norm == "head"
             width = self.head_dim if per_head else None  # None: the whole projection
-            self.q_norm = make_norm(config, width or self.n_heads * self.head_dim)
-            self.k_norm = make_norm(config, width or self.n_kv_heads * self.head_dim)
+            self.q_norm = norm_for(config, width or self.n_heads * self.head_dim)
+            self.k_norm = norm_for(config, width or self.n_kv_heads * self.head_dim)
         # V-norm (Gemma 3n/4, HybridNorm): with q and k normed too, attention ignores input scale
-        self.v_norm = make_norm(config, self.head_dim) if config.v_norm == "head" else None
+        self.v_norm = norm_for(config, self.head_dim) if config.v_norm == "head" else None
         # Sub-LN (BitNet; NormFormer's head-output norm): the joined heads normalized before o_proj
-        self.attn_sub_norm = make_norm(config, config.hidden_size) if config.sub_norm else None
+        self.attn_sub_norm = norm_for(config, config.hidden_size) if config.sub_norm else None
 
     def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """q [batch, heads, seq, head_dim], k [batch, kv_heads, seq, head_dim]; QK-norm, RoPE."""
@@ -355,7 +361,7 @@ class FeedForward(nn.Module):
         for proj in (self.gate_proj, self.up_proj, self.down_proj):
             proj.init_scale = init_scale  # DeepNorm's beta
         # Sub-LN (BitNet; NormFormer's FFN norm): the SwiGLU product normalized before down_proj
-        self.ffn_sub_norm = make_norm(config, config.intermediate_size) if config.sub_norm else None
+        self.ffn_sub_norm = norm_for(config, config.intermediate_size) if config.sub_norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.silu(self.gate_proj(x)) * self.up_proj(x)
@@ -419,10 +425,10 @@ class MiniMindModel(MiniMindPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         # What the blocks get from the lookup: as is, times sqrt(d) (Gemma), or normalized (BLOOM)
         if config.embed_norm == "norm":
-            self.word_embeddings_layernorm = make_norm(config)
+            self.word_embeddings_layernorm = norm_for(config)
         self.layers = nn.ModuleList(MiniMindBlock(config, i, plan)
                                     for i, plan in enumerate(layer_plans(config)))
-        self.norm = make_norm(config) if has_final_norm(config) else nn.Identity()
+        self.norm = norm_for(config) if has_final_norm(config) else nn.Identity()
         self.rotary_emb = RotaryEmbedding(config)
         self.post_init()
 

@@ -1,6 +1,7 @@
 """Every norm type, each a module whose forward is its formula; NORM_TYPES, the registry that
-names them (by name: --norm); build_norm, which makes one from plain values (make_norm: from a
-model's config). Each normalizes the last dimension of a [..., dim] tensor, so any fits any slot."""
+names them (by name: --norm); make_norm, which makes one from plain values.
+
+Each normalizes the last dimension of a [..., dim] tensor, so any fits any slot."""
 
 import functools
 from collections.abc import Callable
@@ -182,7 +183,7 @@ def init_norm(module: nn.Module) -> None:
             init.constant_(tensor, starts.get(name, 0.0))
 
 
-def build_norm(norm_type: str, dim: int, *, eps: float, one_plus_w: bool,
+def make_norm(norm_type: str, dim: int, *, eps: float, one_plus_w: bool,
                alpha_init: float) -> nn.Module:
     """A norm of norm_type over the last dim channels, an Identity for 'none' (every slot stays
     callable). eps is every norm's with statistics, alpha_init DyT's and Derf's starting alpha;
@@ -199,14 +200,6 @@ def build_norm(norm_type: str, dim: int, *, eps: float, one_plus_w: bool,
         "none": nn.Identity,
     }
     return builders[norm_type]()
-
-
-def make_norm(config, dim: int | None = None) -> nn.Module:
-    """The norm a model's config (MiniMindConfig) puts in a slot of dim channels (default: its
-    hidden_size), read from the config's norm fields."""
-    return build_norm(config.norm_type, dim or config.hidden_size, eps=config.rms_norm_eps,
-                      one_plus_w=config.norm_gain == "one_plus_w",
-                      alpha_init=config.dyt_alpha_init)
 
 
 def count_norms(model: nn.Module) -> int:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from model import MiniMindConfig, MiniMindForCausalLM
-from model.norms import make_norm
+from model.model_minimind import norm_for
 from tests.tiny import TINY
 
 HIDDEN = TINY["hidden_size"]
@@ -14,7 +14,7 @@ HIDDEN = TINY["hidden_size"]
 def norm_of(norm_type="rmsnorm", norm_gain="w", randomize=True) -> torch.nn.Module:
     """An attention-input norm of the type, in training mode; randomized: every parameter drawn at random
     (scalars around 1), so that a misplaced or ignored one would show."""
-    norm = make_norm(MiniMindConfig(**TINY, norm_type=norm_type, norm_gain=norm_gain))
+    norm = norm_for(MiniMindConfig(**TINY, norm_type=norm_type, norm_gain=norm_gain))
     if randomize:
         with torch.no_grad():
             for p in norm.parameters():
