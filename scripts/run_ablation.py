@@ -23,7 +23,6 @@ and p (study/lr_tuning.py, docs/results/README.md). Under torchrun the ranks tra
 lrs a shorter one chose: every seed not among that study's tune seeds is fresh.
 """
 
-import json
 import os
 import sys
 from argparse import Namespace
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.cli import ArgumentParser, UserError, count, non_negative, positive_int, run_cli
 from study.parallel import Worker
-from study.report import report
+from study.report import read_tuning, report
 from study.runner import StudyInterrupted, check_setting, own_share, tokenize_once, train_study
 from study.variants import PLACEMENT_DEFAULTS, VARIANTS, variant_fields, variant_problem
 from trainer import args as trainer_args
@@ -119,10 +118,11 @@ def lr_records(study: Path | None, variants: list[str], depths: list[int], tune_
         return {}
     if tune_lr:
         raise UserError("--lr_from takes the lrs another study chose: drop --tune_lr")
-    try:
-        records = json.loads((study / "tuning.json").read_text())
-    except FileNotFoundError:
-        raise UserError(f"--lr_from {study}: no tuning.json (run_ablation.py --tune_lr writes it)") from None
+    path = study if study.is_file() else study / "tuning.json"  # the study folder, or its tuning.json
+    if not path.is_file():
+        raise UserError(f"--lr_from {study}: no tuning.json (run_ablation.py --tune_lr writes it)")
+    records = read_tuning(path)
+    study = path.parent
     chosen = {(t["variant"], t["depth"]): {**t, "lr_from": str(study)} for t in records if t["chosen_lr"]}
     if missing := [f"{v} L{d}" for v in variants for d in depths if (v, d) not in chosen]:
         raise UserError(f"--lr_from {study} chose no lr for {', '.join(missing)}")

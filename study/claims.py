@@ -97,7 +97,10 @@ def blocked_stats(differences: dict, blocks: dict) -> Stats:
 def train_loss(run: dict) -> float | None:
     """The mean logged training loss over the last 10% of the run's steps (one batch's loss is too
     noisy)."""
-    records = read_metrics(Path(run["out_dir"]) / "metrics.jsonl")
+    path = Path(run["out_dir"]) / "metrics.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: the train loss is read from it; restore it from git")
+    records = read_metrics(path)
     last = [r["loss"] for r in records if r["split"] == "train" and r["step"] > 0.9 * run["max_steps"]]
     return statistics.mean(last) if last else None
 

@@ -4,8 +4,10 @@
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 
+from common.cli import UserError
 from common.environment import describe, environment
 from common.fs import write_atomically
 from study import claims, lr_tuning
@@ -51,10 +53,33 @@ def results_table(groups: dict[tuple, list[dict]], grid: bool) -> str:
     rows = []
     for (variant, depth, lr, warmup), runs in groups.items():
         ok = [r for r in runs if not r["diverged"] and not r.get("plateaued")]
-        rows.append([variant, str(depth), *([f"{lr:g}", str(warmup)] if grid else []),
-                     mean_std([r["val_loss"] for r in ok]), mean_std([r["val_bpb"] for r in ok]), *speed(ok),
-                     f"{runs[0]['norm_params']:,}", *outcomes(runs)])
+        mark = ""
+        if not ok:  # a short run plateaus by rule (one evaluation): its losses still show, marked
+            ok = [r for r in runs if not r["diverged"] and r["val_loss"] is not None]
+            mark = " (plateaued)" if ok else ""
+        losses = [mean_std([r[key] for r in ok]) + mark for key in ("val_loss", "val_bpb")]
+        rows.append([variant, str(depth), *([f"{lr:g}", str(warmup)] if grid else []), *losses,
+                     *speed(ok), f"{runs[0]['norm_params']:,}", *outcomes(runs)])
     return markdown_table(head, rows)
+
+
+def earlier_report(out: Path) -> list[dict]:
+    """The runs an earlier command reported in the study folder (its results.json), those whose run
+    folder is still there; a file that is not such a report is a UserError naming it."""
+    path = out / "results.json"
+    if not path.is_file():
+        return []
+    try:
+        rows = json.loads(path.read_text())
+        names = [Path(r["out_dir"]).name for r in rows]
+    except (ValueError, TypeError, KeyError) as err:
+        raise UserError(f"{path} is not a study's report ({type(err).__name__}: {err}); restore it, or "
+                        "move it away and run the study again to rebuild it") from None
+    kept = [r for r, name in zip(rows, names, strict=True)
+            if (out / "runs" / name / "summary.json").is_file()]
+    for name in sorted(set(names) - {Path(r["out_dir"]).name for r in kept}):
+        print(f"warning: {out / 'runs' / name} is gone; the report leaves it out", file=sys.stderr)
+    return kept
 
 
 def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: str) -> str:
@@ -105,11 +130,24 @@ def grid_cell(runs: list[dict] | None) -> float | None:
     return statistics.mean(r["val_loss"] for r in runs)
 
 
+def read_tuning(path: Path) -> list[dict]:
+    """A study's tuning.json (its lr choices); a damaged one is a UserError naming it."""
+    try:
+        records = json.loads(path.read_text())
+    except ValueError:  # cut short
+        records = None
+    fields = {"variant", "depth", "chosen_lr"}
+    if not (isinstance(records, list) and all(isinstance(r, dict) and fields <= r.keys() for r in records)):
+        raise UserError(f"{path} is not a study's tuning.json (cut short, or another file); restore it "
+                        "from the study that wrote it")
+    return records
+
+
 def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = None) -> None:
     """Write the study folder's report of the finished groups (and, with --tune_lr, every choice made), added
     to what an earlier command (other variants, lrs or seeds) reported there, and print its tables."""
     out = Path(study.out_dir)
-    earlier = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else []
+    earlier = earlier_report(out)
     # the runs an earlier command reported here, in their folders now, then this one's (variants as named)
     rows = {Path(r["out_dir"]).name: {**r, "out_dir": str(out / "runs" / Path(r["out_dir"]).name)}
             for r in earlier}
@@ -121,7 +159,7 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
         groups.setdefault(key, []).append(r)
     if tuning is not None and (out / "tuning.json").is_file():
         chosen = {(t["variant"], t["depth"]) for t in tuning}
-        tuning = [t for t in json.loads((out / "tuning.json").read_text())
+        tuning = [t for t in read_tuning(out / "tuning.json")
                   if (t["variant"], t["depth"]) not in chosen] + tuning
     grid = tuning is None and len({key[2:] for key in groups}) > 1  # lrs or warmups side by side
     depths, seeds = {key[1] for key in groups}, sorted({r["seed"] for runs in groups.values() for r in runs})

@@ -4,6 +4,7 @@ refusals."""
 import json
 import math
 import re
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -259,14 +260,32 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study):
     produced = table.splitlines()[2]
     assert produced.startswith("Produced ") and f"torch {torch.__version__}" in produced
     rows = [line for line in table.splitlines() if line.startswith("| pre-") or line.startswith("| post-")]
-    # 4 steps stay at the unigram loss: the plateaued runs are counted in their column, not averaged
+    # 4 steps stay at the unigram loss: the plateaued runs are counted in their column, and their losses,
+    # all there is, show marked
     assert all(r["plateaued"] for r in runs)
-    assert len(rows) == 2 and all(row.startswith(("| pre-rmsnorm | 2 | — |", "| post-layernorm | 2 | — |"))
-                                  and row.endswith("| 0/2 | 2/2 |") for row in rows)
+    marked = re.compile(r"^\| (pre-rmsnorm|post-layernorm) \| 2 \| [\d.]+ ± [\d.]+ \(plateaued\) \|")
+    assert len(rows) == 2 and all(marked.match(row) and row.endswith("| 0/2 | 2/2 |") for row in rows)
     # LayerNorm carries a bias as well as a gain; Post-Norm has no final norm (4 norms at 2 layers, not 5)
     norm_params = {r["norm"]: r["norm_params"] for r in runs}
     assert norm_params == {"rmsnorm": 5 * 32, "layernorm": 4 * 2 * 32}
     assert all((Path(r["out_dir"]) / "metrics.jsonl").is_file() for r in runs)
+
+
+def test_a_damaged_or_foreign_report_is_one_line_and_a_deleted_run_leaves_the_report(study, capsys):
+    flags = ["--seeds", "0", "1", "--max_steps", "2", "--eval_interval", "2"]
+    out = study("--variants", "pre-rmsnorm", "post-layernorm", *flags)
+    gone = next((out / "runs").glob("post-layernorm-*-s1"))
+    shutil.rmtree(gone)
+    capsys.readouterr()
+    study("--variants", "pre-rmsnorm", *flags)  # reports the earlier command's runs too, but for the gone one
+    assert f"warning: {gone} is gone" in capsys.readouterr().err
+    names = {Path(r["out_dir"]).name for r in json.loads((out / "results.json").read_text())}
+    assert len(names) == 3 and gone.name not in names
+    report = out / "results.json"
+    for damaged in (report.read_text()[:50], '{"a user\'s": "file"}'):
+        report.write_text(damaged)
+        with pytest.raises(UserError, match=f"{re.escape(str(report))} is not a study's report"):
+            study("--variants", "pre-rmsnorm", *flags)
 
 
 def test_depths_give_one_run_per_depth_with_that_many_layers(study):
@@ -447,6 +466,12 @@ def test_lr_from_trains_only_fresh_seeds_at_another_studys_choice(fake_runs, tmp
         run_ablation.parse_args(["--lr_from", str(tmp_path), "--tune_lr", "1e-3"])
     with pytest.raises(UserError, match="no tuning.json"):
         run_ablation.parse_args(["--lr_from", str(tmp_path / "none")])
+    by_file = ["--variants", "pre-rmsnorm", "--lr_from", str(tmp_path / "tuning.json")]
+    study, _ = run_ablation.parse_args(by_file)
+    assert study.lr_from[("pre-rmsnorm", 8)]["chosen_lr"] == 8e-3  # the file itself names the study too
+    (tmp_path / "tuning.json").write_text(json.dumps(records)[:40])
+    with pytest.raises(UserError, match="tuning.json is not a study's tuning.json"):
+        run_ablation.parse_args(["--variants", "pre-rmsnorm", "--lr_from", str(tmp_path)])
 
 
 def test_a_study_of_many_variants_draws_no_two_lines_alike(tmp_path, monkeypatch):

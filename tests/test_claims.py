@@ -4,6 +4,7 @@ docs/results/claims.md and claims.csv are what the committed runs give."""
 import json
 import math
 import random
+import re
 import statistics
 
 import pytest
@@ -219,6 +220,21 @@ def test_the_lr_check_moves_a_choice_only_when_another_lr_is_better_by_more_than
     assert checks[0]["means"] == {4e-3: pytest.approx(4.005), 8e-3: pytest.approx(3.995)}  # 0.01 better
     assert checks[1]["means"] == {2e-3: pytest.approx(4.005), 4e-3: pytest.approx(4.055), 8e-3: None}
     assert claims.lr_check("not run", "short", tmp_path) == []
+
+
+@pytest.mark.parametrize("damage", ["cut summary", "cut tuning", "no metrics", "no summary"])
+def test_a_damaged_study_file_is_one_line_naming_it(damage, tmp_path):
+    study(tmp_path / "folder", GAPS)
+    run = tmp_path / "folder" / "runs" / "post-rmsnorm-lr0.004-s3"
+    damaged = {"cut summary": run / "summary.json", "cut tuning": tmp_path / "folder" / "tuning.json",
+               "no metrics": run / "metrics.jsonl", "no summary": run / "summary.json"}[damage]
+    if damage.startswith("cut"):
+        damaged.write_text(damaged.read_text()[:30])
+    else:
+        damaged.unlink()
+    named = run if damage == "no summary" else damaged
+    with pytest.raises(ValueError, match=re.escape(str(named))):
+        judged(tmp_path / "folder")
 
 
 def test_the_readme_table_and_the_claims_page_are_what_the_committed_runs_give():
