@@ -82,10 +82,19 @@ def earlier_report(out: Path) -> list[dict]:
     return kept
 
 
+def lr_grid_cell(record: dict) -> str:
+    """Every lr the grid tried, with the tune seeds' mean final val loss there ('failed' where a seed
+    diverged or plateaued)."""
+    points = zip(record["learning_rates"], record["val_losses"], record["usable"], strict=True)
+    return ", ".join(f"{lr:g}: {loss:.3f}" if usable else f"{lr:g}: failed"
+                     for lr, loss, usable in points)
+
+
 def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: str) -> str:
     """--tune_lr: each (variant, depth) at its chosen lr, with its usable range and its difference against the
     baseline on the fresh seeds, by the claims' statistics (study/claims.py)."""
-    head = ["variant", "layers", "chosen lr", f"usable lrs (≤ {lr_tuning.USABLE_MARGIN} nats from best)",
+    head = ["variant", "layers", "lr grid: mean val loss of the tune seeds", "chosen lr",
+            f"usable lrs (≤ {lr_tuning.USABLE_MARGIN} nats from best)",
             "val loss, fresh seeds: mean ± SD (n)",
             f"Δ val loss vs {baseline}: mean [{claims.CONFIDENCE:.0%} CI], p", "fresh seeds (failed)",
             "Δ train loss", "diverged", "plateaued"]
@@ -105,7 +114,7 @@ def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: st
         edge = " (edge)" if t["at_edge"] else ""
         chosen = "none usable" if t["chosen_lr"] is None else f"{t['chosen_lr']:g}{edge}"
         tried = f"{span} ({len(usable)} of {len(t['learning_rates'])})"
-        rows.append([t["variant"], str(t["depth"]), chosen, tried,
+        rows.append([t["variant"], str(t["depth"]), lr_grid_cell(t), chosen, tried,
                      f"{mean_std(ok)} ({len(ok)})" if ok else "—", *paired, *outcomes(runs)])
     return markdown_table(head, rows)
 

@@ -15,7 +15,7 @@ from common.cli import UserError, run_cli
 from data import load_tokenizer, prepare_split
 from model import NORM_POSITIONS, NORM_TYPES
 from scripts import run_ablation
-from study import lr_tuning, runner
+from study import lr_tuning, report, runner
 from study.parallel import Worker
 from study.plots import plot_loss_curves, plot_lr_sensitivity
 from study.report import results_table
@@ -390,7 +390,11 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
     post = next(line for line in table.splitlines() if line.startswith("| post-rmsnorm | 2 | "))
     # paired against pre-rmsnorm on seed 1 alone: seed 0 chose the lr; one seed gives no CI and no p
     number = r"[+-]\d\.\d{3}"
-    assert re.search(rf"\| \d\.\d{{3}} \(1\) \| {number} \| 1 \(0\) \| {number} \| open \|", post), post
+    assert re.search(rf"\| \d\.\d{{3}} \(1\) \| {number} \| 1 \(0\) \| {number} \| \d/\d \|", post), post
+    assert "| open |" not in post  # a report gives statistics; only claims.md gives verdicts
+    grid = {t["variant"]: t for t in tuning}["post-rmsnorm"]  # the grid beside the choice, every lr
+    assert post.startswith(f"| post-rmsnorm | 2 | {report.lr_grid_cell(grid)} | {grid['chosen_lr']:g}")
+    assert all(f"{lr:g}: " in post for lr in grid["learning_rates"])
     assert "tune seeds [0]" in table
     assert re.search(r"\d+ of \d+ runs were trained from a modified tree", table)
 
