@@ -1,5 +1,5 @@
-"""Command-line plumbing every script shares: one exception for bad input, argparse types that check
-values, one way to report a problem in one line."""
+"""Command-line plumbing every script shares: one exception for bad input,
+argparse types that check values, one way to report a problem in one line."""
 
 import argparse
 import errno
@@ -9,19 +9,24 @@ from collections.abc import Callable
 
 
 class UserError(ValueError):
-    """A problem with the user's input: reported as one line, exit status 2, no traceback."""
+    """A problem with the user's input:
+    reported as one line, exit status 2, no traceback."""
 
 
 def first_line(err: BaseException) -> str:
-    """An exception's message cut to its first line (libraries raise pages), or its type's name."""
+    """An exception's message cut to its first line
+    (libraries raise pages), or its type's name."""
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """argparse's own: each flag's default after its help, the description's line breaks kept."""
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
+                    argparse.RawDescriptionHelpFormatter):
+    """argparse's own: each flag's default after its help,
+    the description's line breaks kept."""
 
 
-# argparse types: a value they refuse is argparse's one line, "invalid positive_int value: '0'".
+# argparse types: a value they refuse is argparse's one line,
+# "invalid positive_int value: '0'".
 def positive_int(text: str) -> int:
     if (value := int(text)) < 1:
         raise ValueError(text)
@@ -29,7 +34,8 @@ def positive_int(text: str) -> int:
 
 
 def finite_float(text: str) -> float:
-    if not math.isfinite(value := float(text)):  # nan passes every comparison's check unnoticed
+    # nan passes every comparison's check unnoticed
+    if not math.isfinite(value := float(text)):
         raise ValueError(text)
     return value
 
@@ -52,21 +58,23 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
-        kwargs.setdefault("allow_abbrev", False)  # --norm must never silently mean --norm_position
+        # --norm must never silently mean --norm_position
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         raise UserError(f"{message} (see --help)")
 
 
-# A write the OS refused: a read-only or unwritable folder, a full disk or quota, a file where a
-# folder goes.
-CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,
-                errno.EEXIST)
+# A write the OS refused: a read-only or unwritable folder, a full disk or quota,
+# a file where a folder goes.
+CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                errno.ENOTDIR, errno.EEXIST)
 
 
 def run_cli(main: Callable[[], object]) -> None:
-    """Run main(); a UserError or a write the OS refused ends in `error: <one line>`, exit 2."""
+    """Run main();
+    a UserError or a write the OS refused ends in `error: <one line>`, exit 2."""
     try:
         main()
     except UserError as err:
@@ -75,5 +83,6 @@ def run_cli(main: Callable[[], object]) -> None:
     except OSError as err:
         if err.errno not in CANNOT_WRITE:
             raise
-        print(f"error: cannot write {err.filename or 'a file'} ({err.strerror})", file=sys.stderr)
+        print(f"error: cannot write {err.filename or 'a file'} ({err.strerror})",
+              file=sys.stderr)
         sys.exit(2)

@@ -1,4 +1,5 @@
-"""Where a result came from: the code, the libraries, the machine and the date, recorded with it."""
+"""Where a result came from:
+the code, the libraries, the machine and the date, recorded with it."""
 
 import contextlib
 import os
@@ -14,16 +15,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def git(*command: str) -> str | None:
-    """The output of a git command in this checkout, or None without git or outside a checkout."""
+    """The output of a git command in this checkout,
+    or None without git or outside a checkout."""
     try:
-        done = subprocess.run(["git", "-C", str(REPO), *command], capture_output=True, text=True, timeout=10)
+        done = subprocess.run(["git", "-C", str(REPO), *command],
+                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
 
 
 def usable_cores() -> int:
-    """The cores this process may use (taskset, a container's cpuset): maybe far fewer than all."""
+    """The cores this process may use (taskset, a container's cpuset):
+    maybe far fewer than all."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity masks (macOS, Windows)
@@ -31,7 +35,8 @@ def usable_cores() -> int:
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model as the kernel names it ('AMD EPYC 7B13'); the platform's name elsewhere."""
+    """The CPU's model as the kernel names it ('AMD EPYC 7B13');
+    the platform's name elsewhere."""
     with contextlib.suppress(OSError):
         for line in cpuinfo.read_text().splitlines():
             if line.startswith("model name"):
@@ -40,11 +45,13 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 
 def environment(device: torch.device | str | None = None) -> dict:
-    """The commit and whether the files differ from it (None outside a git checkout), the
-    libraries' versions, the device, the CPU (on a GPU run too), torch's threads, the UTC date."""
+    """The commit and whether the files differ from it (None outside a git checkout),
+    the libraries' versions, the device, the CPU (on a GPU run too),
+    torch's threads, the UTC date."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     commit = git("rev-parse", "HEAD")
-    # untracked files count too, but not docs/results: a study writes there while it trains
+    # untracked files count too, but not docs/results:
+    # a study writes there while it trains
     dirty = git("status", "--porcelain", "--", ".", ":(exclude)docs/results")
     host = cpu_model()
     return {
@@ -56,8 +63,8 @@ def environment(device: torch.device | str | None = None) -> dict:
         "datasets": metadata.version("datasets"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else host,
         "cpu": host,
-        # the kernels torch runs (AVX2, AVX512, ...; ATEN_CPU_CAPABILITY lowers it): they decide how
-        # float32 matmuls round, so runs compare only within one
+        # the kernels torch runs (AVX2, AVX512, ...; ATEN_CPU_CAPABILITY lowers it):
+        # they decide how float32 matmuls round, so runs compare only within one
         "cpu_isa": [torch.backends.cpu.get_cpu_capability()],
         "threads": torch.get_num_threads(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -66,7 +73,8 @@ def environment(device: torch.device | str | None = None) -> dict:
 
 def describe(env: dict) -> str:
     """One line for the top of a results page."""
-    commit = env["git_commit"][:12] + " (dirty)" * bool(env["git_dirty"]) if env["git_commit"] else "unknown"
-    return (f"Produced {env['date']} by commit {commit}, torch {env['torch']}, transformers "
-            f"{env['transformers']}, "
-            f"datasets {env['datasets']}, on {env['device']} ({env['threads']} threads).")
+    commit = (env["git_commit"][:12] + " (dirty)" * bool(env["git_dirty"])
+              if env["git_commit"] else "unknown")
+    return (f"Produced {env['date']} by commit {commit}, torch {env['torch']}, "
+            f"transformers {env['transformers']}, datasets {env['datasets']}, "
+            f"on {env['device']} ({env['threads']} threads).")

@@ -1,7 +1,10 @@
-"""MiniMind: a small Llama-style decoder (RoPE, grouped-query attention, SwiGLU); norms as data.
+"""MiniMind: a small Llama-style decoder
+(RoPE, grouped-query attention, SwiGLU); norms as data.
 
-Top to bottom: the norm plan, the config (SWITCHES declares every architecture switch once), one
-block for every plan, attention, SwiGLU, RoPE, the model; the norm types are in model/norms.py.
+Top to bottom: the norm plan,
+the config (SWITCHES declares every architecture switch once),
+one block for every plan, attention, SwiGLU, RoPE, the model;
+the norm types are in model/norms.py.
 docs/model.md has the tables: placements, formulas, module names, norm counts.
 """
 
@@ -24,9 +27,10 @@ from model.norms import NORM_TYPES, RMSNorm, count_norms, init_norm, make_norm
 __all__ = ["RMSNorm", "count_norms"]
 
 
-# --------------------------------------------------------------------------------------------------
-# The norm plan: where each block normalizes, as data. Each sublayer F (attention, MLP) has three
-# slots, each the module name of a norm or None.
+# --------------------------------------------------------------------------------------
+# The norm plan: where each block normalizes, as data.
+# Each sublayer F (attention, MLP) has three slots,
+# each the module name of a norm or None.
 
 
 @dataclass(frozen=True)
@@ -37,23 +41,30 @@ class Slots:
 
 
 PRE = (Slots(before="input_layernorm"), Slots(before="post_attention_layernorm"))
-POST = (Slots(around="post_attention_layernorm"), Slots(around="post_feedforward_layernorm"))
+POST = (Slots(around="post_attention_layernorm"),
+        Slots(around="post_feedforward_layernorm"))
 PERI = (Slots(before="input_layernorm", after="post_attention_layernorm"),
         Slots(before="pre_feedforward_layernorm", after="post_feedforward_layernorm"))
-REORDER = (Slots(after="post_attention_layernorm"), Slots(after="post_feedforward_layernorm"))
-# HybridNorm: Post-Norm around attention (whose q, k and v carry their own norms), none at the MLP
+REORDER = (Slots(after="post_attention_layernorm"),
+           Slots(after="post_feedforward_layernorm"))
+# HybridNorm: Post-Norm around attention
+# (whose q, k and v carry their own norms), none at the MLP
 HYBRID = (Slots(around="post_attention_layernorm"), Slots())
-EMPTY = (Slots(), Slots())  # ReZero: no norm, a learnable scale on each sublayer's output
+# ReZero: no norm, a learnable scale on each sublayer's output
+EMPTY = (Slots(), Slots())
 
 
 def num_post_blocks(config) -> int:
-    """Mix-LN's Post-Norm blocks come first: floor(fraction * L) (+1e-9: 0.29 * 100 is 28.99..)."""
+    """Mix-LN's Post-Norm blocks come first: floor(fraction * L)
+    (+1e-9: 0.29 * 100 is 28.99..)."""
     return math.floor(config.mix_ln_fraction * config.num_hidden_layers + 1e-9)
 
 
-# norm_position -> (the slots of block i, whether a final norm follows the last block). A final norm
-# is kept wherever the last block may leave the residual stream un-normalized; after a Post block it
-# would only rescale what that block's norm produced, and ReZero has no norm by design.
+# norm_position -> (the slots of block i, whether a final norm follows the last block).
+# A final norm is kept wherever the last block
+# may leave the residual stream un-normalized;
+# after a Post block it would only rescale what that block's norm produced,
+# and ReZero has no norm by design.
 PLACEMENTS: dict[str, tuple[Callable, bool]] = {
     "pre": (lambda i, cfg: PRE, True),  # Llama, Qwen3
     "post": (lambda i, cfg: POST, False),  # the 2017 Transformer
@@ -66,7 +77,8 @@ PLACEMENTS: dict[str, tuple[Callable, bool]] = {
     "rezero": (lambda i, cfg: EMPTY, False),  # ReZero / SkipInit
 }
 NORM_POSITIONS = tuple(PLACEMENTS)
-QKV_PLACEMENTS = ("hybrid", "hybrid_star")  # q, k and v normalized in place of an input norm
+# q, k and v normalized in place of an input norm
+QKV_PLACEMENTS = ("hybrid", "hybrid_star")
 
 
 @dataclass(frozen=True)
@@ -74,44 +86,55 @@ class LayerPlan:
     attn: Slots
     mlp: Slots
     skip_scale: float = 1.0  # DeepNorm's alpha: N(alpha * x + F(x))
-    input_scale: float = 1.0  # LayerNorm Scaling's 1/sqrt(l) on the 'before' norms' outputs
-    init_scale: float = 1.0  # DeepNorm's beta on the initial v_proj, o_proj and MLP weights
+    # LayerNorm Scaling's 1/sqrt(l) on the 'before' norms' outputs
+    input_scale: float = 1.0
+    # DeepNorm's beta on the initial v_proj, o_proj and MLP weights
+    init_scale: float = 1.0
     residual_scale: bool = False  # ReZero's x + a * F(x), one learnable a per sublayer
 
 
 def layer_plans(config) -> list[LayerPlan]:
     """One plan per block; with has_final_norm, the only reader of norm_position."""
-    L, position = config.num_hidden_layers, config.norm_position
+    L = config.num_hidden_layers
+    position = config.norm_position
     alpha = beta = 1.0
-    if position == "deepnorm":  # DeepNet (2022), decoder-only: alpha (2L)^(1/4), beta (8L)^(-1/4)
+    # DeepNet (2022), decoder-only: alpha (2L)^(1/4), beta (8L)^(-1/4)
+    if position == "deepnorm":
         alpha = config.deepnorm_alpha or (2 * L) ** 0.25
         beta = config.deepnorm_beta or (8 * L) ** -0.25
     slots_of = PLACEMENTS[position][0]
-    return [LayerPlan(*slots_of(i, config), skip_scale=alpha, init_scale=beta,
-                      residual_scale=position == "rezero",
-                      input_scale=1 / math.sqrt(i + 1) if config.norm_scaling == "depth" else 1.0)
-            for i in range(L)]
+    return [
+        LayerPlan(
+            *slots_of(i, config), skip_scale=alpha, init_scale=beta,
+            residual_scale=position == "rezero",
+            input_scale=1 / math.sqrt(i + 1) if config.norm_scaling == "depth" else 1.0,
+        )
+        for i in range(L)
+    ]
 
 
 def has_final_norm(config) -> bool:
     return PLACEMENTS[config.norm_position][1]
 
 
-# --------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Config: every architecture switch declared once.
 
 
 @dataclass(frozen=True)
 class Switch:
-    """One architecture switch: a config field, the trainer flag of its name (`flag` where they
-    differ), a row of docs/model.md's switch table, with `token` a part of the variant name."""
+    """One architecture switch: a config field,
+    the trainer flag of its name (`flag` where they differ),
+    a row of docs/model.md's switch table, with `token` a part of the variant name."""
 
     name: str
-    default: object  # None: derived from other fields (the placement, the width) unless set
+    # None: derived from other fields (the placement, the width) unless set
+    default: object
     help: str
     type: type = str
     choices: tuple = ()  # the allowed values; a number is checked by `allowed` instead
-    allowed: tuple[Callable[[float], bool], str] | None = None  # (test, what it asks for, in words)
+    # (test, what it asks for, in words)
+    allowed: tuple[Callable[[float], bool], str] | None = None
     # value -> part of the variant name; for a number, the prefix of "{prefix}{v:g}"
     token: dict | str | None = None
     flag: str | None = None
@@ -125,52 +148,71 @@ POSITIVE_INT = (lambda v: v >= 1, "a positive integer")
 ABOVE_ZERO = (lambda v: v > 0, "> 0")
 SWITCHES = (  # one help line each; docs/model.md has the full table
     Switch("hidden_size", 512, "model width", int, allowed=POSITIVE_INT),
-    Switch("intermediate_size", None, "SwiGLU width (default: 8/3 x hidden_size, rounded up to 64)", int,
-           allowed=POSITIVE_INT),
+    Switch("intermediate_size", None,
+           "SwiGLU width (default: 8/3 x hidden_size, rounded up to 64)",
+           int, allowed=POSITIVE_INT),
     Switch("num_hidden_layers", 8, "transformer blocks", int, allowed=POSITIVE_INT),
     Switch("num_attention_heads", 8, "query heads", int, allowed=POSITIVE_INT),
-    Switch("num_key_value_heads", 2, "key/value heads (grouped-query attention)", int, allowed=POSITIVE_INT),
-    Switch("rms_norm_eps", 1e-5, "epsilon of every norm with statistics", float, allowed=ABOVE_ZERO),
+    Switch("num_key_value_heads", 2, "key/value heads (grouped-query attention)",
+           int, allowed=POSITIVE_INT),
+    Switch("rms_norm_eps", 1e-5, "epsilon of every norm with statistics",
+           float, allowed=ABOVE_ZERO),
     Switch("norm_type", "rmsnorm", "the norm in every slot (docs/model.md's table)",
            choices=tuple(NORM_TYPES), flag="norm"),
     Switch("norm_position", "pre", "where the norms sit in each block (README's table)",
            choices=NORM_POSITIONS),
-    Switch("mix_ln_fraction", 0.25, "Mix-LN: the share of the blocks, from the input, that are Post-Norm",
+    Switch("mix_ln_fraction", 0.25,
+           "Mix-LN: the share of the blocks, from the input, that are Post-Norm",
            float, allowed=(lambda v: 0 <= v <= 1, "in [0, 1]")),
-    Switch("norm_scaling", "none", "depth: block l's input norms times 1/sqrt(l) (LayerNorm Scaling)",
+    Switch("norm_scaling", "none",
+           "depth: block l's input norms times 1/sqrt(l) (LayerNorm Scaling)",
            choices=("none", "depth"), token={"depth": "depth"}),
-    Switch("qk_norm", None, "normalize q and k per head (Qwen3) or over the projection (OLMo 2) "
-           "(default: head for hybrid placements, else none)", choices=("none", "head", "proj"),
+    Switch("qk_norm", None,
+           "normalize q and k per head (Qwen3) or over the projection (OLMo 2) "
+           "(default: head for hybrid placements, else none)",
+           choices=("none", "head", "proj"),
            token={"head": "qk_head", "proj": "qk_proj"}),
-    Switch("v_norm", None, "head: normalize each head's values too (Gemma 3n/4) (default as --qk_norm)",
+    Switch("v_norm", None,
+           "head: normalize each head's values too (Gemma 3n/4) (default as --qk_norm)",
            choices=("none", "head"), token={"head": "v_head"}),
-    Switch("sub_norm", False, "norms before o_proj and down_proj (BitNet's Sub-LN)", bool,
-           token={True: "sub"}),
-    Switch("embed_norm", "none", "after the embedding: scale by sqrt(hidden_size) (Gemma), or norm (BLOOM)",
-           choices=("none", "scale", "norm"), token={"scale": "embed_scale", "norm": "embed_norm"}),
-    Switch("norm_gain", "w", "one_plus_w: gains stored as w from 0, applied as 1 + w (Gemma 2/3)",
+    Switch("sub_norm", False, "norms before o_proj and down_proj (BitNet's Sub-LN)",
+           bool, token={True: "sub"}),
+    Switch("embed_norm", "none",
+           "after the embedding: scale by sqrt(hidden_size) (Gemma), or norm (BLOOM)",
+           choices=("none", "scale", "norm"),
+           token={"scale": "embed_scale", "norm": "embed_norm"}),
+    Switch("norm_gain", "w",
+           "one_plus_w: gains stored as w from 0, applied as 1 + w (Gemma 2/3)",
            choices=("w", "one_plus_w"), token={"one_plus_w": "one_plus_w"}),
-    Switch("logit_softcap", 0.0, "logits C * tanh(z / C) in float32 (Gemma 2: 30, nanochat: 15); 0 = off",
-           float, allowed=(lambda v: 0 <= v < math.inf, "a finite number >= 0"), token="softcap"),
-    Switch("dyt_alpha_init", 0.5, "DyT/Derf: every such norm's starting alpha", float, allowed=ABOVE_ZERO),
-    Switch("deepnorm_alpha", None, "DeepNorm's skip scale (default (2L)^(1/4))", float, allowed=ABOVE_ZERO),
-    Switch("deepnorm_beta", None, "DeepNorm's init scale (default (8L)^(-1/4))", float, allowed=ABOVE_ZERO),
+    Switch("logit_softcap", 0.0,
+           "logits C * tanh(z / C) in float32 (Gemma 2: 30, nanochat: 15); 0 = off",
+           float, allowed=(lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+           token="softcap"),
+    Switch("dyt_alpha_init", 0.5, "DyT/Derf: every such norm's starting alpha",
+           float, allowed=ABOVE_ZERO),
+    Switch("deepnorm_alpha", None, "DeepNorm's skip scale (default (2L)^(1/4))",
+           float, allowed=ABOVE_ZERO),
+    Switch("deepnorm_beta", None, "DeepNorm's init scale (default (8L)^(-1/4))",
+           float, allowed=ABOVE_ZERO),
 )
 SWITCH = {s.name: s for s in SWITCHES}
 
 
 def with_implied(values: dict) -> SimpleNamespace:
-    """Every switch's value: the given ones, the defaults, and what the placement implies."""
+    """Every switch's value: the given ones, the defaults,
+    and what the placement implies."""
     c = SimpleNamespace(**{s.name: s.default for s in SWITCHES} | values)
-    for name in ("qk_norm", "v_norm"):  # HybridNorm is defined with q, k and v normalized per head
+    # HybridNorm is defined with q, k and v normalized per head
+    for name in ("qk_norm", "v_norm"):
         if getattr(c, name) is None:
             setattr(c, name, "head" if c.norm_position in QKV_PLACEMENTS else "none")
     return c
 
 
 def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str) -> str | None:
-    """Why these switch values (with_implied's) make no model, in one line naming each field through
-    `name` (the trainer passes its flags' names), or None when they do."""
+    """Why these switch values (with_implied's) make no model,
+    in one line naming each field through `name` (the trainer passes its flags' names),
+    or None when they do."""
     for s in SWITCHES:
         value = getattr(c, s.name)
         if s.choices and value not in s.choices:
@@ -179,35 +221,44 @@ def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str) -> str 
             return f"{name(s.name)} must be true or false, got {value!r}"
         if s.allowed and value is not None and not s.allowed[0](value):
             return f"{name(s.name)} must be {s.allowed[1]}, got {value}"
-    width, heads, kv_heads = name("hidden_size"), name("num_attention_heads"), name("num_key_value_heads")
-    if c.hidden_size % c.num_attention_heads or c.hidden_size // c.num_attention_heads % 2:
-        return (f"{width} ({c.hidden_size}) must be {heads} ({c.num_attention_heads}) times an even head "
-                "size (rotary embeddings rotate pairs)")
+    width = name("hidden_size")
+    heads = name("num_attention_heads")
+    kv_heads = name("num_key_value_heads")
+    if (c.hidden_size % c.num_attention_heads
+            or c.hidden_size // c.num_attention_heads % 2):
+        return (f"{width} ({c.hidden_size}) must be {heads} ({c.num_attention_heads}) "
+                "times an even head size (rotary embeddings rotate pairs)")
     if c.num_attention_heads % c.num_key_value_heads:
-        return f"{heads} ({c.num_attention_heads}) must be a multiple of {kv_heads} ({c.num_key_value_heads})"
+        return (f"{heads} ({c.num_attention_heads}) must be a multiple of "
+                f"{kv_heads} ({c.num_key_value_heads})")
     if c.norm_scaling != "none" and c.norm_position not in ("pre", "mix"):
-        return (f"{name('norm_scaling')} scales Pre-Norm blocks' input norms: use {name('norm_position')} "
-                "pre or mix")
+        return (f"{name('norm_scaling')} scales Pre-Norm blocks' input norms: "
+                f"use {name('norm_position')} pre or mix")
     if c.norm_position in QKV_PLACEMENTS and (c.qk_norm, c.v_norm) != ("head", "head"):
-        return (f"{name('norm_position')} {c.norm_position} (HybridNorm) normalizes q, k and v per head: "
+        return (f"{name('norm_position')} {c.norm_position} (HybridNorm) "
+                "normalizes q, k and v per head: "
                 f"leave {name('qk_norm')} and {name('v_norm')} unset, or head")
-    adding = [f for f, on in (("qk_norm", c.qk_norm != "none"), ("v_norm", c.v_norm != "none"),
-                              ("sub_norm", c.sub_norm), ("embed_norm", c.embed_norm == "norm")) if on]
+    adding = [f for f, on in (("qk_norm", c.qk_norm != "none"),
+                              ("v_norm", c.v_norm != "none"),
+                              ("sub_norm", c.sub_norm),
+                              ("embed_norm", c.embed_norm == "norm")) if on]
     if adding and c.norm_type == "none":
         return f"{name(adding[0])} adds norms, but {name('norm_type')} is none"
     if c.norm_gain != "w" and not NORM_TYPES[c.norm_type].gain:
-        return (f"{name('norm_gain')} {c.norm_gain} needs a gain, which {name('norm_type')} {c.norm_type} "
-                "has not")
+        return (f"{name('norm_gain')} {c.norm_gain} needs a gain, "
+                f"which {name('norm_type')} {c.norm_type} has not")
 
 
 class MiniMindConfig(PretrainedConfig):
-    """Defaults are MiniMind2-small: 512 hidden, 8 layers, 8 query / 2 KV heads, vocab 6400 (~25.8M
-    params). The architecture is SWITCHES; the rest are the usual Hugging Face fields."""
+    """Defaults are MiniMind2-small: 512 hidden, 8 layers, 8 query / 2 KV heads,
+    vocab 6400 (~25.8M params).
+    The architecture is SWITCHES; the rest are the usual Hugging Face fields."""
 
     model_type = "minimind"
 
-    def __init__(self, vocab_size: int = 6400, max_position_embeddings: int = 32768, rope_theta: float = 1e6,
-                 initializer_range: float = 0.02, tie_word_embeddings: bool = True, bos_token_id: int = 1,
+    def __init__(self, vocab_size: int = 6400, max_position_embeddings: int = 32768,
+                 rope_theta: float = 1e6, initializer_range: float = 0.02,
+                 tie_word_embeddings: bool = True, bos_token_id: int = 1,
                  eos_token_id: int = 0, pad_token_id: int = 0, **kwargs):
         given = {s.name: kwargs.pop(s.name) for s in SWITCHES if s.name in kwargs}
         if vocab_size < 1:
@@ -220,11 +271,14 @@ class MiniMindConfig(PretrainedConfig):
                                        initializer_range=initializer_range)
         for field, value in values.items():
             setattr(self, field, value)
-        # SwiGLU has three matrices instead of two, so 8/3*hidden keeps the FFN's parameter count at
-        # 4*hidden's; rounded up to a multiple of 64, matmuls stay aligned (512 -> 1408, MiniMind).
-        self.intermediate_size = self.intermediate_size or 64 * math.ceil(self.hidden_size * 8 / 3 / 64)
-        super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
-                         eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kwargs)
+        # SwiGLU has three matrices instead of two,
+        # so 8/3*hidden keeps the FFN's parameter count at 4*hidden's;
+        # rounded up to a multiple of 64, matmuls stay aligned (512 -> 1408, MiniMind).
+        self.intermediate_size = (self.intermediate_size
+                                  or 64 * math.ceil(self.hidden_size * 8 / 3 / 64))
+        super().__init__(tie_word_embeddings=tie_word_embeddings,
+                         bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         pad_token_id=pad_token_id, **kwargs)
 
     @property
     def head_dim(self) -> int:
@@ -233,12 +287,15 @@ class MiniMindConfig(PretrainedConfig):
 
 def norm_for(config: MiniMindConfig, dim: int | None = None) -> nn.Module:
     """The norm the config puts in a slot of dim channels (default: the hidden size)."""
-    return make_norm(config.norm_type, dim or config.hidden_size, eps=config.rms_norm_eps,
-                     one_plus_w=config.norm_gain == "one_plus_w", alpha_init=config.dyt_alpha_init)
+    return make_norm(config.norm_type, dim or config.hidden_size,
+                     eps=config.rms_norm_eps,
+                     one_plus_w=config.norm_gain == "one_plus_w",
+                     alpha_init=config.dyt_alpha_init)
 
 
-# --------------------------------------------------------------------------------------------------
-# One block, for every placement: its LayerPlan says which norm slots hold a norm and how to scale.
+# --------------------------------------------------------------------------------------
+# One block, for every placement:
+# its LayerPlan says which norm slots hold a norm and how to scale.
 
 
 class MiniMindBlock(nn.Module):
@@ -250,17 +307,21 @@ class MiniMindBlock(nn.Module):
         for slots in (plan.attn, plan.mlp):
             for name in filter(None, (slots.before, slots.after, slots.around)):
                 self.add_module(name, norm_for(config))
-        if plan.residual_scale:  # ReZero: one scalar per sublayer, 0 at init (set in _init_weights)
+        # ReZero: one scalar per sublayer, 0 at init (set in _init_weights)
+        if plan.residual_scale:
             self.attn_residual_scale = nn.Parameter(torch.zeros(1))
             self.mlp_residual_scale = nn.Parameter(torch.zeros(1))
 
     def forward(self, x, rope, mask, cache=None) -> torch.Tensor:
-        x = self.residual(x, self.plan.attn, lambda h: self.self_attn(h, rope, mask, cache), "attn")
+        x = self.residual(x, self.plan.attn,
+                          lambda h: self.self_attn(h, rope, mask, cache), "attn")
         return self.residual(x, self.plan.mlp, self.mlp, "mlp")
 
-    def residual(self, x: torch.Tensor, slots: Slots, sublayer, site: str) -> torch.Tensor:
-        """One residual sublayer with the plan's norms around it: x + F(N(x)) leaves the residual
-        path an untouched sum, N(x + F(x)) renormalizes every sum; ReZero: x + a * F(x)."""
+    def residual(self, x: torch.Tensor,
+                 slots: Slots, sublayer, site: str) -> torch.Tensor:
+        """One residual sublayer with the plan's norms around it:
+        x + F(N(x)) leaves the residual path an untouched sum,
+        N(x + F(x)) renormalizes every sum; ReZero: x + a * F(x)."""
         h = x
         if slots.before:
             h = getattr(self, slots.before)(h)
@@ -275,14 +336,16 @@ class MiniMindBlock(nn.Module):
         return getattr(self, slots.around)(x) if slots.around else x
 
 
-# --------------------------------------------------------------------------------------------------
-# Attention: causal, grouped-query (query heads share K/V heads), a KV cache for generation.
+# --------------------------------------------------------------------------------------
+# Attention: causal, grouped-query (query heads share K/V heads),
+# a KV cache for generation.
 
 
 def attention_mask_for(attention_mask: torch.Tensor | None, q_len: int, past_len: int,
                        device: torch.device) -> torch.Tensor | None:
-    """Boolean [batch, 1, q, kv] mask, or None when SDPA's causal fast path is exact: it aligns the
-    triangle top-left, right only with no cache or one new token, and knows no padding."""
+    """Boolean [batch, 1, q, kv] mask, or None when SDPA's causal fast path is exact:
+    it aligns the triangle top-left, right only with no cache or one new token,
+    and knows no padding."""
     padded = attention_mask is not None and not bool(attention_mask.all())
     if not padded and (past_len == 0 or q_len == 1):
         return None
@@ -290,8 +353,10 @@ def attention_mask_for(attention_mask: torch.Tensor | None, q_len: int, past_len
     k_pos = torch.arange(past_len + q_len, device=device)[None, :]
     mask = (k_pos <= q_pos)[None, None]
     if padded:
-        # A padded query that sees nothing would give NaN (softmax over no keys); let it see itself.
-        mask = (mask & attention_mask[:, None, None, -k_pos.shape[1] :].bool()) | (k_pos == q_pos)
+        # A padded query that sees nothing would give NaN (softmax over no keys);
+        # let it see itself.
+        mask = ((mask & attention_mask[:, None, None, -k_pos.shape[1] :].bool())
+                | (k_pos == q_pos))
     return mask
 
 
@@ -302,25 +367,36 @@ class Attention(nn.Module):
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
-        self.v_proj.init_scale = self.o_proj.init_scale = init_scale  # DeepNorm's beta; not q, k
-        # QK-norm bounds the attention logits: per head (Qwen3), or over the projection (OLMo 2)
+        self.q_proj = nn.Linear(
+            config.hidden_size, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(
+            config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(
+            config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(
+            self.n_heads * self.head_dim, config.hidden_size, bias=False)
+        # DeepNorm's beta; not q, k
+        self.v_proj.init_scale = self.o_proj.init_scale = init_scale
+        # QK-norm bounds the attention logits:
+        # per head (Qwen3), or over the projection (OLMo 2)
         self.qk_norm = config.qk_norm
         if self.qk_norm != "none":
             per_head = self.qk_norm == "head"
             width = self.head_dim if per_head else None  # None: the whole projection
             self.q_norm = norm_for(config, width or self.n_heads * self.head_dim)
             self.k_norm = norm_for(config, width or self.n_kv_heads * self.head_dim)
-        # V-norm (Gemma 3n/4, HybridNorm): with q and k normed too, attention ignores input scale
-        self.v_norm = norm_for(config, self.head_dim) if config.v_norm == "head" else None
-        # Sub-LN (BitNet; NormFormer's head-output norm): the joined heads normalized before o_proj
-        self.attn_sub_norm = norm_for(config, config.hidden_size) if config.sub_norm else None
+        # V-norm (Gemma 3n/4, HybridNorm):
+        # with q and k normed too, attention ignores input scale
+        self.v_norm = (norm_for(config, self.head_dim)
+                       if config.v_norm == "head" else None)
+        # Sub-LN (BitNet; NormFormer's head-output norm):
+        # the joined heads normalized before o_proj
+        self.attn_sub_norm = (norm_for(config, config.hidden_size)
+                              if config.sub_norm else None)
 
     def project_qk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [batch, heads, seq, head_dim], k [batch, kv_heads, seq, head_dim]; QK-norm, RoPE."""
+        """q [batch, heads, seq, head_dim],
+        k [batch, kv_heads, seq, head_dim]; QK-norm, RoPE."""
         bsz, seq, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
         if self.qk_norm == "proj":
@@ -329,7 +405,8 @@ class Attention(nn.Module):
         k = k.view(bsz, seq, self.n_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rotary(q.transpose(1, 2), *rope), apply_rotary(k.transpose(1, 2), *rope)
+        return (apply_rotary(q.transpose(1, 2), *rope),
+                apply_rotary(k.transpose(1, 2), *rope))
 
     def forward(self, x, rope, mask, cache: Cache | None) -> torch.Tensor:
         bsz, seq, _ = x.shape
@@ -340,36 +417,44 @@ class Attention(nn.Module):
         v = v.transpose(1, 2)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and seq > 1,
-                                           enable_gqa=self.n_kv_heads != self.n_heads).transpose(1, 2)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and seq > 1,
+            enable_gqa=self.n_kv_heads != self.n_heads,
+        ).transpose(1, 2)
         y = y.reshape(bsz, seq, -1)
         if self.attn_sub_norm is not None:
             y = self.attn_sub_norm(y)
         return self.o_proj(y)
 
 
-# --------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Feed-forward: SwiGLU (Shazeer 2020), down(silu(gate(x)) * up(x)).
 
 
 class FeedForward(nn.Module):
     def __init__(self, config: MiniMindConfig, init_scale: float = 1.0):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(
+            config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(
+            config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(
+            config.intermediate_size, config.hidden_size, bias=False)
         for proj in (self.gate_proj, self.up_proj, self.down_proj):
             proj.init_scale = init_scale  # DeepNorm's beta
-        # Sub-LN (BitNet; NormFormer's FFN norm): the SwiGLU product normalized before down_proj
-        self.ffn_sub_norm = norm_for(config, config.intermediate_size) if config.sub_norm else None
+        # Sub-LN (BitNet; NormFormer's FFN norm):
+        # the SwiGLU product normalized before down_proj
+        self.ffn_sub_norm = (norm_for(config, config.intermediate_size)
+                             if config.sub_norm else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.silu(self.gate_proj(x)) * self.up_proj(x)
         return self.down_proj(h if self.ffn_sub_norm is None else self.ffn_sub_norm(h))
 
 
-# --------------------------------------------------------------------------------------------------
-# Rotary position embeddings (RoPE, Su et al. 2021), in Llama's rotate-half layout (portable).
+# --------------------------------------------------------------------------------------
+# Rotary position embeddings (RoPE, Su et al. 2021),
+# in Llama's rotate-half layout (portable).
 
 
 class RotaryEmbedding(nn.Module):
@@ -377,26 +462,31 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = config.head_dim
         self.theta = config.rope_theta
-        # Not saved with the weights: a pure function of the config (recomputed in _init_weights).
+        # Not saved with the weights:
+        # a pure function of the config (recomputed in _init_weights).
         self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
 
     def compute_inv_freq(self) -> torch.Tensor:
-        return 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
+        return 1.0 / (self.theta ** (
+            torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
 
     @torch.no_grad()
-    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids[..., None].float() * self.inv_freq  # [batch, seq, head_dim/2], in fp32
+    def forward(self, position_ids: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # [batch, seq, head_dim/2], in fp32
+        freqs = position_ids[..., None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [batch, heads, seq, head_dim] rotated half against half; cos/sin [batch, seq, head_dim]."""
+    """x [batch, heads, seq, head_dim] rotated half against half;
+    cos/sin [batch, seq, head_dim]."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos[:, None] + torch.cat((-x2, x1), dim=-1) * sin[:, None]
 
 
-# --------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # The model
 
 
@@ -408,7 +498,8 @@ class MiniMindPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            std = self.config.initializer_range * getattr(module, "init_scale", 1.0)  # DeepNorm
+            # DeepNorm
+            std = self.config.initializer_range * getattr(module, "init_scale", 1.0)
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, RotaryEmbedding):
             init.copy_(module.inv_freq, module.compute_inv_freq())
@@ -423,7 +514,8 @@ class MiniMindModel(MiniMindPreTrainedModel):
     def __init__(self, config: MiniMindConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        # What the blocks get from the lookup: as is, times sqrt(d) (Gemma), or normalized (BLOOM)
+        # What the blocks get from the lookup:
+        # as is, times sqrt(d) (Gemma), or normalized (BLOOM)
         if config.embed_norm == "norm":
             self.word_embeddings_layernorm = norm_for(config)
         self.layers = nn.ModuleList(MiniMindBlock(config, i, plan)
@@ -432,15 +524,21 @@ class MiniMindModel(MiniMindPreTrainedModel):
         self.rotary_emb = RotaryEmbedding(config)
         self.post_init()
 
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
-                inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
-                output_hidden_states: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
+    def forward(self, input_ids: torch.LongTensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None,
+                cache: Cache | None = None,
+                inputs_embeds: torch.Tensor | None = None,
+                use_cache: bool | None = None,
+                output_hidden_states: bool | None = None,
+                **kwargs) -> BaseModelOutputWithPast:
         if inputs_embeds is not None:
-            x = inputs_embeds  # taken as looked up (and, for "scale", scaled) already, as in Gemma
+            # taken as looked up (and, for "scale", scaled) already, as in Gemma
+            x = inputs_embeds
         else:
             x = self.embed_tokens(input_ids)
-            if self.config.embed_norm == "scale":  # sqrt(d) in float32, then x's dtype (Gemma)
+            # sqrt(d) in float32, then x's dtype (Gemma)
+            if self.config.embed_norm == "scale":
                 x = x * torch.tensor(self.config.hidden_size**0.5).to(x.dtype)
         if self.config.embed_norm == "norm":  # on inputs_embeds too, as in BLOOM
             x = self.word_embeddings_layernorm(x)
@@ -448,15 +546,18 @@ class MiniMindModel(MiniMindPreTrainedModel):
             cache = DynamicCache(config=self.config)
         past_len = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
-            position_ids = torch.arange(past_len, past_len + x.shape[1], device=x.device)[None]
-        # cos/sin in q and k's dtype: under autocast the projections' (bf16), as fp32 tables would
-        # promote q and k to fp32 for attention to cast back; without it the stream's (fp32 exact).
+            position_ids = torch.arange(
+                past_len, past_len + x.shape[1], device=x.device)[None]
+        # cos/sin in q and k's dtype: under autocast the projections' (bf16),
+        # as fp32 tables would promote q and k to fp32 for attention to cast back;
+        # without it the stream's (fp32 exact).
         autocast = torch.is_autocast_enabled(x.device.type)
         dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
         rope = self.rotary_emb(position_ids, dtype)
         mask = attention_mask_for(attention_mask, x.shape[1], past_len, x.device)
 
-        # hidden_states[i] is the residual stream entering block i; the last is the final output.
+        # hidden_states[i] is the residual stream entering block i;
+        # the last is the final output.
         hidden_states = []
         for layer in self.layers:
             if output_hidden_states:
@@ -465,8 +566,11 @@ class MiniMindModel(MiniMindPreTrainedModel):
         x = self.norm(x)
         if output_hidden_states:
             hidden_states.append(x)
-        return BaseModelOutputWithPast(last_hidden_state=x, cache=cache if use_cache else None,
-                                       hidden_states=tuple(hidden_states) if output_hidden_states else None)
+        return BaseModelOutputWithPast(
+            last_hidden_state=x,
+            cache=cache if use_cache else None,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+        )
 
 
 class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
@@ -478,25 +582,39 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
-                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
-                shift_labels: torch.LongTensor | None = None, use_cache: bool | None = None,
-                output_hidden_states: bool | None = None, logits_to_keep: int = 0,
+    def forward(self, input_ids: torch.LongTensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None,
+                cache: Cache | None = None,
+                inputs_embeds: torch.Tensor | None = None,
+                labels: torch.LongTensor | None = None,
+                shift_labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None,
+                output_hidden_states: bool | None = None,
+                logits_to_keep: int = 0,
                 **kwargs) -> CausalLMOutputWithPast:
-        """labels: Hugging Face style, aligned with input_ids and shifted here (-100 = ignore).
-        shift_labels: targets already aligned with the logits (what the trainer's batches hold)."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         cache=cache, inputs_embeds=inputs_embeds,
-                         use_cache=use_cache, output_hidden_states=output_hidden_states)
-        logits = self.lm_head(out.last_hidden_state[:, -logits_to_keep:])  # 0 keeps all: -0 is 0
+        """labels: Hugging Face style,
+        aligned with input_ids and shifted here (-100 = ignore).
+        shift_labels: targets already aligned with the logits
+        (what the trainer's batches hold)."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, cache=cache,
+                         inputs_embeds=inputs_embeds, use_cache=use_cache,
+                         output_hidden_states=output_hidden_states)
+        # 0 keeps all: -0 is 0
+        logits = self.lm_head(out.last_hidden_state[:, -logits_to_keep:])
         cap = self.config.logit_softcap
-        if cap:  # C * tanh(z / C) in float32 (Gemma 2, nanochat): every logit stays within (-C, C)
+        # C * tanh(z / C) in float32 (Gemma 2, nanochat):
+        # every logit stays within (-C, C)
+        if cap:
             logits = cap * torch.tanh(logits.float() / cap)
-        if labels is not None:  # position t predicts token t+1; the last position has no target
+        # position t predicts token t+1; the last position has no target
+        if labels is not None:
             shift_labels = F.pad(labels, (0, 1), value=-100)[:, 1:]
         loss = None
-        if shift_labels is not None:  # in fp32 even under autocast: a 6400-way log-softmax needs it
-            loss = F.cross_entropy(logits.float().flatten(0, 1), shift_labels.flatten(), ignore_index=-100)
+        # in fp32 even under autocast: a 6400-way log-softmax needs it
+        if shift_labels is not None:
+            loss = F.cross_entropy(
+                logits.float().flatten(0, 1), shift_labels.flatten(), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache,
                                       hidden_states=out.hidden_states)

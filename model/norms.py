@@ -1,5 +1,6 @@
-"""Every norm type, each a module whose forward is its formula; NORM_TYPES, the registry that
-names them (by name: --norm); make_norm, which makes one from plain values.
+"""Every norm type, each a module whose forward is its formula;
+NORM_TYPES, the registry that names them (by name: --norm);
+make_norm, which makes one from plain values.
 
 Each normalizes the last dimension of a [..., dim] tensor, so any fits any slot."""
 
@@ -14,9 +15,10 @@ from transformers import initialization as init
 
 
 class Norm(nn.Module):
-    """What every norm type shares: its gain. With one_plus_w (norm_gain="one_plus_w") the gain is
-    stored as w, starting at 0, and applied as 1 + w (Gemma 2/3, Qwen3-Next): the same function at
-    init, but weight decay pulls the gain toward 1 instead of 0."""
+    """What every norm type shares: its gain.
+    With one_plus_w (norm_gain="one_plus_w") the gain is stored as w, starting at 0,
+    and applied as 1 + w (Gemma 2/3, Qwen3-Next): the same function at init,
+    but weight decay pulls the gain toward 1 instead of 0."""
 
     def __init__(self, one_plus_w: bool):
         super().__init__()
@@ -33,9 +35,10 @@ class Norm(nn.Module):
 
 
 def float32_with_one_plus_w(forward: Callable) -> Callable:
-    """A norm's forward as Gemma runs a (1 + w) gain: on x in float32, the output cast to x's
-    dtype once, last. With a plain gain it runs on x as given. On float32 x both are the same
-    ops, so w = 0 is exactly a gain of 1."""
+    """A norm's forward as Gemma runs a (1 + w) gain:
+    on x in float32, the output cast to x's dtype once, last.
+    With a plain gain it runs on x as given.
+    On float32 x both are the same ops, so w = 0 is exactly a gain of 1."""
 
     @functools.wraps(forward)
     def run(norm: Norm, x: torch.Tensor, *args) -> torch.Tensor:
@@ -47,18 +50,21 @@ def float32_with_one_plus_w(forward: Callable) -> Callable:
 
 
 def rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps), the statistics in float32 (mean(x^2) over 512 bf16 values loses
-    most of its precision), rounded to x's dtype before any gain multiplies, as in Llama."""
+    """x / sqrt(mean(x^2) + eps), the statistics in float32
+    (mean(x^2) over 512 bf16 values loses most of its precision),
+    rounded to x's dtype before any gain multiplies, as in Llama."""
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 class RMSNorm(Norm):
-    """y = x / sqrt(mean(x^2) + eps) * gain (Zhang & Sennrich 2019); no gain if not affine."""
+    """y = x / sqrt(mean(x^2) + eps) * gain (Zhang & Sennrich 2019);
+    no gain if not affine."""
 
     def __init__(self, dim: int, eps: float = 1e-5, *, elementwise_affine: bool = True,
                  one_plus_w: bool = False):
-        super().__init__(one_plus_w and elementwise_affine)  # without a gain, nothing to store as w
+        # without a gain, nothing to store as w
+        super().__init__(one_plus_w and elementwise_affine)
         self.eps = eps
         self.weight = self.unit_gain(dim) if elementwise_affine else None
 
@@ -69,8 +75,10 @@ class RMSNorm(Norm):
 
 
 class SSNorm(Norm):
-    """Single-scale RMSNorm (OSP, Park et al. 2025): x / sqrt(mean(x^2) + eps) * g with ONE scalar
-    gain g, so no channel's gain can grow into an outlier; at g = 1 exactly unit-gain RMSNorm."""
+    """Single-scale RMSNorm (OSP, Park et al. 2025):
+    x / sqrt(mean(x^2) + eps) * g with ONE scalar gain g,
+    so no channel's gain can grow into an outlier;
+    at g = 1 exactly unit-gain RMSNorm."""
 
     def __init__(self, eps: float = 1e-5, *, one_plus_w: bool = False):
         super().__init__(one_plus_w)
@@ -83,7 +91,8 @@ class SSNorm(Norm):
 
 
 class LayerNorm(Norm):
-    """(x - mean) / sqrt(var + eps) * gain + bias (GPT-2), computed by torch's layer_norm."""
+    """(x - mean) / sqrt(var + eps) * gain + bias (GPT-2),
+    computed by torch's layer_norm."""
 
     def __init__(self, dim: int, eps: float = 1e-5, *, one_plus_w: bool = False):
         super().__init__(one_plus_w)
@@ -98,9 +107,11 @@ class LayerNorm(Norm):
 
 
 class Squashing(Norm):
-    """gain * f(alpha * x) + bias, alpha one learnable scalar: not a normalization, an elementwise
-    squashing in its place. DyT (Zhu et al., CVPR 2025) squashes with tanh; Derf (Chen et al. 2025)
-    with erf, after a per-channel shift: at init erf(0.5 x), zero-centred."""
+    """gain * f(alpha * x) + bias, alpha one learnable scalar:
+    not a normalization, an elementwise squashing in its place.
+    DyT (Zhu et al., CVPR 2025) squashes with tanh;
+    Derf (Chen et al. 2025) with erf, after a per-channel shift:
+    at init erf(0.5 x), zero-centred."""
 
     def __init__(self, dim: int, squash: Callable, *, alpha_init: float = 0.5,
                  per_channel_shift: bool = False, one_plus_w: bool = False):
@@ -122,10 +133,11 @@ class Squashing(Norm):
 
 
 class SeeDNorm(Norm):
-    """Self-rescaled dynamic normalization (Cai et al. 2025): [tanh(x . beta) * alpha + gain] * x
-    / RMS(x), a per-token gain that keeps some of the input's scale. It starts as RMSNorm (beta 0,
-    alpha 1); alpha must not start at 0 too, as each of alpha and beta gets a gradient
-    proportional to the other."""
+    """Self-rescaled dynamic normalization (Cai et al. 2025):
+    [tanh(x . beta) * alpha + gain] * x / RMS(x),
+    a per-token gain that keeps some of the input's scale.
+    It starts as RMSNorm (beta 0, alpha 1); alpha must not start at 0 too,
+    as each of alpha and beta gets a gradient proportional to the other."""
 
     alpha_init = 1.0
 
@@ -137,9 +149,10 @@ class SeeDNorm(Norm):
         self.weight = self.unit_gain(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x . beta in float32, as it sums hidden_size products. Taken from x as given, outside
-        # rescaled's (1 + w) float32 path: a bf16 x is cast once for each, and its gradient, the
-        # sum of the two casts' bf16 gradients, rounds as it always has.
+        # x . beta in float32, as it sums hidden_size products.
+        # Taken from x as given, outside rescaled's (1 + w) float32 path:
+        # a bf16 x is cast once for each, and its gradient,
+        # the sum of the two casts' bf16 gradients, rounds as it always has.
         dynamic = torch.tanh((x.float() * self.beta).sum(-1, keepdim=True)) * self.alpha
         return self.rescaled(x, dynamic)
 
@@ -155,7 +168,8 @@ class NormType:
     """One entry of the norm registry: what a norm of this type is."""
 
     help: str
-    hf_rmsnorm: bool = False  # computes what HF's RMSNorm (Llama, Qwen3, OLMo 2) computes
+    # computes what HF's RMSNorm (Llama, Qwen3, OLMo 2) computes
+    hf_rmsnorm: bool = False
     gain: bool = True  # has a learnable gain (which norm_gain='one_plus_w' stores as w)
 
 
@@ -166,16 +180,17 @@ NORM_TYPES = {
     "layernorm": NormType("(x - mean) / std * gain + bias (GPT-2)"),
     "dyt": NormType("gain * tanh(alpha * x) + bias, no statistics (DyT, 2025)"),
     "derf": NormType("gain * erf(alpha * x + shift) + bias, no statistics (Derf, 2025)"),
-    "seednorm": NormType("[tanh(x . beta) * alpha + gain] * x / rms(x), a per-token gain "
-                         "(SeeDNorm, 2025)"),
+    "seednorm": NormType("[tanh(x . beta) * alpha + gain] * x / rms(x), "
+                         "a per-token gain (SeeDNorm, 2025)"),
     "none": NormType("no normalization at all", gain=False),
 }
 NORM_MODULES = (Norm,)  # what counts as a norm (count_norms, the optimizer's groups)
 
 
 def init_norm(module: nn.Module) -> None:
-    """Give a norm its fresh state (anything else is left alone): gains 1 (stored as 1, or as w = 0
-    for 1 + w), alpha its start, everything else (biases, shifts, beta) 0."""
+    """Give a norm its fresh state (anything else is left alone):
+    gains 1 (stored as 1, or as w = 0 for 1 + w), alpha its start,
+    everything else (biases, shifts, beta) 0."""
     if isinstance(module, Norm):
         starts = {"weight": 0.0 if module.one_plus_w else 1.0,
                   "alpha": getattr(module, "alpha_init", None)}
@@ -185,17 +200,19 @@ def init_norm(module: nn.Module) -> None:
 
 def make_norm(norm_type: str, dim: int, *, eps: float, one_plus_w: bool,
                alpha_init: float) -> nn.Module:
-    """A norm of norm_type over the last dim channels, an Identity for 'none' (every slot stays
-    callable). eps is every norm's with statistics, alpha_init DyT's and Derf's starting alpha;
+    """A norm of norm_type over the last dim channels,
+    an Identity for 'none' (every slot stays callable).
+    eps is every norm's with statistics, alpha_init DyT's and Derf's starting alpha;
     one_plus_w stores the gains as w."""
     builders = {
         "rmsnorm": lambda: RMSNorm(dim, eps, one_plus_w=one_plus_w),
         "rmsnorm_noparam": lambda: RMSNorm(dim, eps, elementwise_affine=False),
         "ssnorm": lambda: SSNorm(eps, one_plus_w=one_plus_w),
         "layernorm": lambda: LayerNorm(dim, eps, one_plus_w=one_plus_w),
-        "dyt": lambda: Squashing(dim, torch.tanh, alpha_init=alpha_init, one_plus_w=one_plus_w),
-        "derf": lambda: Squashing(dim, torch.erf, alpha_init=alpha_init, per_channel_shift=True,
-                                  one_plus_w=one_plus_w),
+        "dyt": lambda: Squashing(dim, torch.tanh, alpha_init=alpha_init,
+                                 one_plus_w=one_plus_w),
+        "derf": lambda: Squashing(dim, torch.erf, alpha_init=alpha_init,
+                                  per_channel_shift=True, one_plus_w=one_plus_w),
         "seednorm": lambda: SeeDNorm(dim, eps, one_plus_w=one_plus_w),
         "none": nn.Identity,
     }
@@ -203,5 +220,6 @@ def make_norm(norm_type: str, dim: int, *, eps: float, one_plus_w: bool,
 
 
 def count_norms(model: nn.Module) -> int:
-    """Number of normalization modules (Identity placeholders of norm_type='none' do not count)."""
+    """Number of normalization modules
+    (Identity placeholders of norm_type='none' do not count)."""
     return sum(isinstance(m, NORM_MODULES) for m in model.modules())

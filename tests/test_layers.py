@@ -114,10 +114,10 @@ AREAS = {  # area: the folders and files it owns
 }
 # what each counts (areas, files, or a file and what it imports: "+"), at most this many lines
 TRIPWIRES = {
-    "core": (["core"], 3350),
-    "what a training run imports": (["trainer/train_pretrain.py+"], 3050),
+    "core": (["core"], 3650),
+    "what a training run imports": (["trainer/train_pretrain.py+"], 3350),
     # what a reader follows from the model's formulas to the training step
-    "reading path": (["model/model_minimind.py", "model/norms.py", "trainer/train_pretrain.py"], 1250),
+    "reading path": (["model/model_minimind.py", "model/norms.py", "trainer/train_pretrain.py"], 1400),
 }
 
 

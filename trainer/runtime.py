@@ -1,5 +1,6 @@
-"""Where a run computes: the device and autocast precision, the data-parallel process group, and the
-stop flag that turns SIGTERM or Ctrl-C into a save and a clean exit."""
+"""Where a run computes: the device and autocast precision,
+the data-parallel process group,
+and the stop flag that turns SIGTERM or Ctrl-C into a save and a clean exit."""
 
 import atexit
 import os
@@ -14,35 +15,43 @@ from common.cli import UserError, first_line
 
 
 def pick_device(name: str = "auto") -> torch.device:
-    """auto = cuda when available, else cpu; a device that is not there is one line, not a crash."""
+    """auto = cuda when available, else cpu;
+    a device that is not there is one line, not a crash."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise UserError(f"--device {name}: not a device; use auto, cpu, cuda or cuda:N") from None
+        raise UserError(f"--device {name}: not a device; "
+                        "use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {name}: CUDA is not available here; use --device cpu")
     return device
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto = bf16 on a GPU that computes it natively, else fp16 (with a GradScaler); fp32 on CPU,
-    where bf16 autocast without bf16 matrix units trains ~40x slower (16 vs 613 tokens/s, AVX2)."""
+    """auto = bf16 on a GPU that computes it natively, else fp16 (with a GradScaler);
+    fp32 on CPU, where bf16 autocast without bf16 matrix units trains ~40x slower
+    (16 vs 613 tokens/s, AVX2)."""
     if name != "auto":
         return getattr(torch, name)
     if device.type != "cuda":
         return torch.float32
-    return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    return (torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False)
+            else torch.float16)
 
 
-def autocast(device: torch.device, dtype: torch.dtype):  # mixed precision over fp32 weights
-    return nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
+# mixed precision over fp32 weights
+def autocast(device: torch.device, dtype: torch.dtype):
+    return (nullcontext() if dtype == torch.float32
+            else torch.autocast(device.type, dtype=dtype))
 
 
-def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, torch.device]:
-    """(rank, world_size, device) as torchrun's RANK, WORLD_SIZE and LOCAL_RANK say; NCCL on CUDA,
-    gloo on CPU. A rank that waits on a collective over timeout_min minutes (a peer died) fails."""
+def setup_distributed(device_name: str,
+                      timeout_min: float) -> tuple[int, int, torch.device]:
+    """(rank, world_size, device) as torchrun's RANK, WORLD_SIZE and LOCAL_RANK say;
+    NCCL on CUDA, gloo on CPU.
+    A rank that waits on a collective over timeout_min minutes (a peer died) fails."""
     device = pick_device(device_name)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1 and device.type == "cuda":
@@ -56,19 +65,22 @@ def setup_distributed(device_name: str, timeout_min: float) -> tuple[int, int, t
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
                                 timeout=timedelta(minutes=timeout_min),
                                 device_id=device if device.type == "cuda" else None)
-        # torn down before the interpreter exits, whoever called train(): gloo can abort a process
-        # that exits with its group alive, after a run that went well
+        # torn down before the interpreter exits, whoever called train():
+        # gloo can abort a process that exits with its group alive,
+        # after a run that went well
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     return dist.get_rank(), world_size, device
 
 
 class StopFlag:
-    """While it exists, SIGTERM and SIGINT (Ctrl-C) set `requested` instead of killing the process:
-    the loop saves a checkpoint and exits at the next step all ranks agree on (restore() undoes)."""
+    """While it exists, SIGTERM and SIGINT (Ctrl-C) set `requested`
+    instead of killing the process: the loop saves a checkpoint
+    and exits at the next step all ranks agree on (restore() undoes)."""
 
     def __init__(self):
         self.requested = False
-        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.previous = {s: signal.signal(s, self.handle)
+                         for s in (signal.SIGTERM, signal.SIGINT)}
 
     def handle(self, signum, frame) -> None:
         self.requested = True
@@ -79,7 +91,8 @@ class StopFlag:
 
 
 def rng_state() -> dict:
-    """The RNG states a checkpoint carries (CUDA's once CUDA is in use), for an exact resume."""
+    """The RNG states a checkpoint carries
+    (CUDA's once CUDA is in use), for an exact resume."""
     cuda = {"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_initialized() else {}
     return {"torch": torch.get_rng_state()} | cuda
 
@@ -90,20 +103,27 @@ def restore_rng(rng: dict) -> None:
         torch.cuda.set_rng_state(rng["cuda"])
 
 
-def to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """A batch on the device; on CUDA pinned first, so that its copy is queued like a kernel."""
+def to_device(batch: tuple[torch.Tensor, ...],
+              device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A batch on the device;
+    on CUDA pinned first, so that its copy is queued like a kernel."""
     pin = device.type == "cuda"
-    return tuple((t.pin_memory() if pin else t).to(device, non_blocking=True) for t in batch)
+    return tuple((t.pin_memory() if pin else t).to(device, non_blocking=True)
+                 for t in batch)
 
 
 @contextmanager
 def out_of_memory_in_one_line():
-    """torch's own allocator errors (CUDA's OutOfMemoryError, the CPU allocator's) as one line."""
+    """torch's own allocator errors
+    (CUDA's OutOfMemoryError, the CPU allocator's) as one line."""
     try:
         yield
     except (torch.OutOfMemoryError, RuntimeError) as err:
-        if not isinstance(err, torch.OutOfMemoryError) and "can't allocate memory" not in str(err):
+        if (not isinstance(err, torch.OutOfMemoryError)
+                and "can't allocate memory" not in str(err)):
             raise
-        raise UserError(f"the model or a training step does not fit in memory ({first_line(err)}); lower "
-                        "--batch_size (raising --accumulation_steps keeps the tokens per step), "
-                        "--hidden_size or --num_hidden_layers") from None
+        raise UserError(
+            "the model or a training step does not fit in memory "
+            f"({first_line(err)}); lower --batch_size "
+            "(raising --accumulation_steps keeps the tokens per step), "
+            "--hidden_size or --num_hidden_layers") from None

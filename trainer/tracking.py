@@ -1,6 +1,7 @@
-"""Where metrics go: a JSONL file in the run's folder, and Weights & Biases when asked. wandb never
-asks for a login or retries a dead network for minutes: it is online only with WANDB_API_KEY (or
-WANDB_MODE), its start is bounded, and a failure there logs offline instead, with a warning."""
+"""Where metrics go: a JSONL file in the run's folder, and Weights & Biases when asked.
+wandb never asks for a login or retries a dead network for minutes:
+it is online only with WANDB_API_KEY (or WANDB_MODE), its start is bounded,
+and a failure there logs offline instead, with a warning."""
 
 import contextlib
 import json
@@ -13,10 +14,12 @@ from common.fs import write_atomically
 
 
 def compact(value, digits: int = 5):
-    """Per-layer arrays, most of a metrics file, to 5 significant digits (float32 statistics hold
-    about 7; the figures need far fewer); scalars stay exact: summaries and studies read them."""
+    """Per-layer arrays, most of a metrics file, to 5 significant digits
+    (float32 statistics hold about 7; the figures need far fewer);
+    scalars stay exact: summaries and studies read them."""
     if isinstance(value, list):
-        return [compact(v, digits) if isinstance(v, list) else float(f"{v:.{digits}g}") for v in value]
+        return [compact(v, digits) if isinstance(v, list) else float(f"{v:.{digits}g}")
+                for v in value]
     return value
 
 
@@ -33,29 +36,34 @@ def flatten(record: dict) -> dict:
 
 
 class Tracker:
-    """Appends every record to out_dir/metrics.jsonl and mirrors it to a wandb run; a context
-    manager that closes both, and marks the wandb run failed when the block raised."""
+    """Appends every record to out_dir/metrics.jsonl and mirrors it to a wandb run;
+    a context manager that closes both,
+    and marks the wandb run failed when the block raised."""
 
-    def __init__(self, out_dir: Path, use_wandb: bool, config: dict, project: str, name: str,
-                 group: str | None, run_id: str | None, tags: list[str] = ()):
+    def __init__(self, out_dir: Path, use_wandb: bool, config: dict,
+                 project: str, name: str, group: str | None, run_id: str | None,
+                 tags: list[str] = ()):
         self.file = (Path(out_dir) / "metrics.jsonl").open("a")
         self.run = None
         if use_wandb:
             import wandb
 
-            kwargs = dict(project=project, name=name, group=group, config=config, dir=str(out_dir),
-                          tags=list(tags), id=run_id, resume="allow" if run_id else None)
+            kwargs = dict(project=project, name=name, group=group, config=config,
+                          dir=str(out_dir), tags=list(tags),
+                          id=run_id, resume="allow" if run_id else None)
             key = os.environ.get("WANDB_API_KEY")
             mode = os.environ.get("WANDB_MODE") or ("online" if key else "offline")
             try:
                 settings = wandb.Settings(init_timeout=20, silent=True)
                 self.run = wandb.init(mode=mode, settings=settings, **kwargs)
-            except Exception as err:  # a network or key problem: keep training, log offline
-                print(f"warning: wandb could not start online ({first_line(err)}); logging offline",
-                      file=sys.stderr)
-                self.run = wandb.init(mode="offline", settings=wandb.Settings(silent=True), **kwargs)
-            # x-axis: our own step, so that the steps a --resume trains again are not dropped as
-            # going back
+            except Exception as err:
+                # a network or key problem: keep training, log offline
+                print("warning: wandb could not start online "
+                      f"({first_line(err)}); logging offline", file=sys.stderr)
+                self.run = wandb.init(
+                    mode="offline", settings=wandb.Settings(silent=True), **kwargs)
+            # x-axis: our own step,
+            # so that the steps a --resume trains again are not dropped as going back
             self.run.define_metric("step")
             self.run.define_metric("*", step_metric="step")
 
@@ -85,8 +93,9 @@ class Tracker:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl file; a line that is not one (the last, cut short by a kill
-    mid-write) is skipped, and a --resume rewrites the file without it."""
+    """The records of a metrics.jsonl file;
+    a line that is not one (the last, cut short by a kill mid-write) is skipped,
+    and a --resume rewrites the file without it."""
     records = []
     for line in Path(path).read_text(errors="replace").splitlines():
         with contextlib.suppress(json.JSONDecodeError):
@@ -95,7 +104,10 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def keep_records_up_to(path: Path, step: int) -> None:
-    """On --resume, drop the records logged after the checkpoint's step: those steps train again.
-    Written afresh: a link at its path (even dangling) is replaced, never written through."""
+    """On --resume, drop the records logged after the checkpoint's step:
+    those steps train again.
+    Written afresh:
+    a link at its path (even dangling) is replaced, never written through."""
     records = read_metrics(path) if path.is_file() else []
-    write_atomically(path, "".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
+    write_atomically(path, "".join(json.dumps(r) + "\n"
+                                   for r in records if r["step"] <= step))
