@@ -1,5 +1,4 @@
-"""MiniMind: a small Llama-style decoder
-(RoPE, grouped-query attention, SwiGLU); norms as data.
+"""MiniMind: a small Llama-style decoder (RoPE, GQA, SwiGLU), with its norms as data.
 
 Top to bottom: the norm plan,
 the config (SWITCHES declares every architecture switch once),
