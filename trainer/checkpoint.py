@@ -12,6 +12,7 @@ exists is complete; older steps are pruned only after that. The newest that load
 (found by name, as in torchtitan).
 """
 
+import contextlib
 import fcntl
 import os
 import re
@@ -21,10 +22,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from common.cli import UserError, first_line
 from common.fs import remove, replaced, space_needed
+from data.tokenizer import load_tokenizer, tokenizer_fingerprint
 
 # As save() names them, step-{step:06d}: six digits, or more without a leading zero (not step-2024)
 STEP_FOLDER = re.compile(r"step-(\d{6}|[1-9]\d{6,})")
@@ -168,3 +171,18 @@ def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, objec
                       file=sys.stderr)
     raise UserError(f"{path}: no checkpoint loads ({'; '.join(failures)})")
 
+
+def tokenizer_problem(folder: Path, tokenizer) -> str | None:
+    """Why tokenizer is not the one the model in folder trained with, by content (one of the same
+    size can split text otherwise): as its training state records it, else its tokenizer.json."""
+    recorded = None
+    with contextlib.suppress(Exception):  # no state, or a damaged or older one: no record
+        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+        recorded = state["data"]["tokenizer"]
+    if recorded is None and (folder / "tokenizer.json").is_file():
+        recorded = tokenizer_fingerprint(load_tokenizer(folder))
+    given = tokenizer_fingerprint(tokenizer)
+    if recorded in (None, given):
+        return None
+    return (f"{folder}: the tokenizer (fingerprint {given}) is not the one its model was trained "
+            f"with ({recorded})")
