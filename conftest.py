@@ -54,6 +54,15 @@ def tiny_tokenizer_dir(tmp_path_factory, tiny_corpus) -> str:
 
 
 @pytest.fixture(scope="session")
+def other_tokenizer_dir(tmp_path_factory, tiny_texts) -> str:
+    """A tokenizer of the same size as tiny_tokenizer's but other merges (trained on the text upper-cased)."""
+    path = tmp_path_factory.mktemp("other-tokenizer")
+    (path / "upper.jsonl").write_text("".join(json.dumps({"text": t.upper()}) + "\n" for t in tiny_texts))
+    train_tokenizer(str(path / "upper.jsonl"), vocab_size=TINY_VOCAB_SIZE).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_tokenizer_dir):
     return load_tokenizer(tiny_tokenizer_dir)
 

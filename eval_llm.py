@@ -7,10 +7,11 @@
 
 A model folder is the trainer's --out_dir (its newest step-N folder that loads), a step folder, or any folder
 AutoModelForCausalLM loads, e.g. a Llama export of extras/interop/convert_to_hf.py; the tokenizer is its own
-unless --tokenizer_path is given. Each prompt is encoded after the tokenizer's bos token (the document
-separator), as every training document started after one. With --eval_data and no --prompt a single model is
-only evaluated; --compare always generates. The loss comes from the model's logits, so every family is
-measured the same way.
+unless --tokenizer_path is given, and one that is not the tokenizer the folder records (by content, not only
+its size) is refused. Each prompt is encoded after the tokenizer's bos token (the document separator), as
+every training document started after one. With --eval_data and no --prompt a single model is only
+evaluated; --compare always generates. The loss comes from the model's logits, so every family is measured
+the same way.
 """
 
 import argparse
@@ -29,7 +30,7 @@ import model  # noqa: F401  (registers MiniMind with the Auto classes)
 from common.cli import ArgumentParser, UserError, count, finite_float, non_negative, positive_int, run_cli
 from data import DEFAULT_PROMPTS, BatchSampler, bits_per_byte, load_tokenizer, prepare_split
 from model import norm_variant
-from trainer.checkpoint import load_newest
+from trainer.checkpoint import load_newest, tokenizer_problem
 from trainer.evaluation import evaluate
 from trainer.runtime import autocast, pick_device, resolve_dtype
 
@@ -74,7 +75,7 @@ def load(path, tokenizer_path=None, device="cpu"):
                                                   trust_remote_code=False)
         return lm, tokenizer
 
-    _, (lm, tokenizer) = load_newest(Path(path), read)
+    folder, (lm, tokenizer) = load_newest(Path(path), read)
     # The trainer sizes a MiniMind vocabulary to its tokenizer exactly, so any difference means the wrong one.
     # Other models may pad their vocabulary; there only a tokenizer with ids the model cannot embed is
     # refused.
@@ -82,6 +83,9 @@ def load(path, tokenizer_path=None, device="cpu"):
     if len(tokenizer) > lm.config.vocab_size or (exact and len(tokenizer) != lm.config.vocab_size):
         raise UserError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has "
                         f"{lm.config.vocab_size}; pass the tokenizer it was trained with (--tokenizer_path)")
+    if problem := tokenizer_problem(folder, tokenizer):  # the same size can still split text otherwise
+        raise UserError(f"{problem}; pass that one with --tokenizer_path, or leave the flag out to use the "
+                        "model folder's own")
     return lm.to(device).eval(), tokenizer
 
 

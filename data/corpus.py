@@ -17,6 +17,7 @@ import huggingface_hub
 import pyarrow as pa
 
 from common.cli import UserError, first_line
+from common.fs import out_of_space
 
 VALIDATION_PLAYS = ("hamlet", "the-tempest")
 # Prompts in the plays' Markdown (a speaker in bold, lines ending in a two-space line break), for
@@ -27,6 +28,7 @@ HOLDOUT_EVERY = 100
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+(:[\w.-]*(:[\w.-]+)?)?")
 HUB_TIMEOUT_S = 10
+PARSE_ERRORS = (datasets.exceptions.DatasetGenerationError, pa.ArrowException, ValueError)
 HINT = "give a .jsonl/.json/.txt/.parquet file or folder of them, or no data path for the embedded corpus"
 
 
@@ -98,17 +100,24 @@ def _hub_revision(spec: str) -> str | None:
 
 @contextlib.contextmanager
 def reading(data_path: str | None):
-    """Turn a failure to parse a local source into one UserError, naming file and line for malformed
-    JSON (datasets' errors name neither); also around a streamed dataset's iteration (lazy)."""
+    """Turn a failure to parse a local source, or a full disk under datasets' cache, into one
+    UserError, naming file and line for malformed JSON (datasets' errors name neither); also around
+    a streamed dataset's iteration (lazy)."""
     json_log = logging.getLogger("datasets.packaged_modules.json.json")
     level = json_log.level
     # it logs the bare parse error before raising; we report it once
     json_log.setLevel(logging.CRITICAL)
     try:
         yield
-    except (datasets.exceptions.DatasetGenerationError, pa.ArrowException, ValueError) as err:
-        # ValueError: a streamed JSON array's parse error, UnicodeDecodeError; UserError is ours
-        if isinstance(err, UserError) or is_embedded(data_path) or is_hub(data_path):
+    except Exception as err:
+        if isinstance(err, UserError):
+            raise
+        cache = datasets.config.HF_DATASETS_CACHE  # where datasets writes what it reads and maps
+        if out_of_space(err, cache):
+            raise UserError(f"out of disk space in {cache}, datasets' cache (under HF_HOME); free some "
+                            "space, or set HF_HOME to a folder on a disk with room") from None
+        # ValueError: a streamed JSON array's parse error, UnicodeDecodeError
+        if not isinstance(err, PARSE_ERRORS) or is_embedded(data_path) or is_hub(data_path):
             raise
         for path in (f for f in local_files(data_path) if BUILDERS[f.suffix] == "json"):
             with path.open(encoding="utf-8", errors="replace") as f:

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from common.cli import UserError
 from common.environment import usable_cores
-from common.fs import replaced, write_atomically
+from common.fs import replaced, space_needed, taking_turns, write_atomically
 from data.corpus import load_texts, reading, source_identity
 from data.tokenizer import tokenizer_fingerprint
 
@@ -65,8 +65,9 @@ def _open_cached(path: Path, key: dict) -> PackedTokens | None:
     return None
 
 
-def _pack(texts, tokenizer, dtype: np.dtype, out, num_proc: int, streaming: bool, split: str) -> dict:
-    """Tokenize every document, append end-of-text, write ids to out; the counts, checksum."""
+def _encode(texts, tokenizer, dtype: np.dtype, num_proc: int, streaming: bool, split: str):
+    """Every document's ids with end-of-text appended, and its UTF-8 bytes (lazily if streaming;
+    else written to datasets' cache under HF_HOME)."""
     eot = tokenizer.eos_token_id
 
     def encode(batch):
@@ -77,8 +78,12 @@ def _pack(texts, tokenizer, dtype: np.dtype, out, num_proc: int, streaming: bool
                                   "num_bytes": datasets.Value("int64")})
     options = {} if streaming else {"num_proc": num_proc if num_proc > 1 else None,
                                     "desc": f"tokenizing {split}"}
-    encoded = texts.map(encode, batched=True, input_columns="text", remove_columns=["text"],
-                        features=features, **options)
+    return texts.map(encode, batched=True, input_columns="text", remove_columns=["text"],
+                     features=features, **options)
+
+
+def _pack(encoded, dtype: np.dtype, out, streaming: bool, split: str) -> dict:
+    """Write the encoded documents' ids to out; the counts, checksum."""
     counts, digest = {"num_tokens": 0, "num_bytes": 0, "num_docs": 0}, hashlib.sha256()
     # Streaming has no progress bar of its own; for a Dataset this one shows the (fast) writing
     # pass.
@@ -106,13 +111,23 @@ def prepare_split(data_path: str | None, split: str, tokenizer, text_field: str 
     path = cache_dir / f"{split}-{digest}.bin"
     if (packed := _open_cached(path, key)) is not None:
         return packed
-    texts = load_texts(data_path, split, text_field, streaming)
-    dtype = np.dtype(np.uint16 if len(tokenizer) <= 2**16 else np.uint32)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with reading(data_path), replaced(path) as tmp, open(tmp, "wb") as out:
-        counts = _pack(texts, tokenizer, dtype, out, num_proc or usable_cores(), streaming, split)
-    meta = {**counts, "dtype": dtype.name, "key": key}
-    write_atomically(path.with_suffix(".json"), json.dumps(meta, indent=1))
+    # another process packing this entry (a second trainer on the same new data) finishes it first
+    with taking_turns(path.with_suffix(".lock"), f"waiting for another process caching the {split} "
+                      f"split's tokens in {cache_dir}"):
+        if (packed := _open_cached(path, key)) is not None:
+            return packed
+        texts = load_texts(data_path, split, text_field, streaming)
+        dtype = np.dtype(np.uint16 if len(tokenizer) <= 2**16 else np.uint32)
+        with reading(data_path):
+            encoded = _encode(texts, tokenizer, dtype, num_proc or usable_cores(), streaming, split)
+        room = space_needed(cache_dir, f"the {split} split's tokens were not cached; free some space, "
+                            "or set MINIMIND_CACHE to a folder on a disk with room")
+        # the space is measured before the half-written file goes
+        with reading(data_path), replaced(path) as tmp, room, open(tmp, "wb") as out:
+            counts = _pack(encoded, dtype, out, streaming, split)
+        meta = {**counts, "dtype": dtype.name, "key": key}
+        write_atomically(path.with_suffix(".json"), json.dumps(meta, indent=1))
     return _open_cached(path, key)
 
 

@@ -1,7 +1,7 @@
 """Train the byte-level BPE tokenizer on the train split of a text source and save it for AutoTokenizer.
 
-The shipped data/tokenizer/ was made by running this with `--out_dir data/tokenizer --overwrite` and no other
-flags (embedded Shakespeare corpus). An --out_dir that is not empty is refused unless it holds only the files
+The shipped data/tokenizer/tokenizer.json is what this writes with no flags (the embedded Shakespeare corpus,
+into out/tokenizer: docs/data.md). An --out_dir that is not empty is refused unless it holds only the files
 this script saves and --overwrite is given.
 """
 

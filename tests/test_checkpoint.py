@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 import eval_llm
@@ -92,9 +93,52 @@ def test_a_fresh_run_into_a_used_folder_refuses_and_overwrite_discards_only_the_
     assert json.loads((run_copy / "summary.json").read_text())["max_steps"] == 2
     assert (run_copy / "notes.txt").read_text() == "the user's own"
     (run_copy / ".lock").unlink()  # no run of this trainer: its wandb/ and step folders are not ours
-    with pytest.raises(UserError, match=r"no run of this trainer .* would have deleted step-000002, "):
+    kept = snapshot(run_copy)
+    with pytest.raises(UserError, match=r"^--overwrite: .* is no run of this trainer \(its .lock was not"):
         run(run_copy, "--max_steps", 2, "--overwrite")
-    assert (run_copy / "step-000002").is_dir() and not (run_copy / ".lock").exists()
+    assert snapshot(run_copy) == kept and not (run_copy / ".lock").exists()
+
+
+def test_overwrite_deletes_only_what_the_run_wrote_and_only_once_it_can_start(run_copy, run, tmp_path):
+    """Its own step folders and wandb run, not a user's step-2024/ or another run's wandb folder; and nothing
+    at all when the new run cannot start (a mistyped --data_path)."""
+    run_id = (run_copy / ".lock").read_text().split()[-1]
+    wandb = run_copy / "wandb"
+    ours, theirs = (wandb / f"offline-run-20260101_120000-{name}" for name in (run_id, "their0run"))
+    for folder in (ours, theirs):
+        (folder / "files").mkdir(parents=True)
+        (folder / "files" / "config.yaml").write_text(folder.name)
+    (run_copy / "step-2024").mkdir()
+    (run_copy / "step-2024" / "notes.txt").write_text("the user's")
+    before = snapshot(run_copy)
+    with pytest.raises(UserError, match="typo.jsonl: no such file"):
+        run(run_copy, "--max_steps", 2, "--overwrite", "--data_path", tmp_path / "typo.jsonl")
+    assert snapshot(run_copy) == before
+    run(run_copy, "--max_steps", 2, "--overwrite")
+    assert steps(run_copy) == ["step-000002", "step-2024"] and sorted(train_losses(run_copy)) == [1, 2]
+    assert (run_copy / "step-2024" / "notes.txt").read_text() == "the user's"
+    assert [p.name for p in wandb.iterdir()] == [theirs.name] and snapshot(theirs) == {
+        "files/config.yaml": theirs.name.encode()}
+    assert (run_copy / ".lock").read_text().split()[-1] != run_id  # a new run, a new id
+
+
+def test_a_lock_another_tool_wrote_or_a_link_is_not_the_trainers(tmp_path, run):
+    """A folder holding another tool's .lock loses nothing to --overwrite; a .lock that is a dangling link is
+    never followed out of the folder."""
+    theirs = tmp_path / "theirs"
+    for name in (".lock", "metrics.jsonl", "summary.json", "wandb/run-1/log", "step-000002/notes"):
+        (theirs / name).parent.mkdir(parents=True, exist_ok=True)
+        (theirs / name).write_text("another tool's")
+    before = snapshot(theirs)
+    with pytest.raises(UserError, match=r"^--overwrite: .* is no run of this trainer"):
+        run(theirs, "--max_steps", 2, "--overwrite")
+    assert snapshot(theirs) == before
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / ".lock").symlink_to(tmp_path / "outside")
+    with pytest.raises(UserError, match=r"\.lock is a link, not the trainer's lock file"):
+        run(linked, "--max_steps", 2)
+    assert not (tmp_path / "outside").exists() and [p.name for p in linked.iterdir()] == [".lock"]
 
 
 def test_a_second_trainer_on_a_held_folder_is_refused(tmp_path, run):
@@ -123,11 +167,13 @@ def test_resume_falls_back_to_the_step_before_a_damaged_one_or_refuses_when_none
     capsys.readouterr()
     run(run_copy, "--max_steps", 6, "--resume")
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 2 and f"{run_copy / 'step-000004'} cannot be loaded" in warnings[1]
+    assert len(warnings) == 3 and f"{run_copy / 'step-000004'} cannot be loaded" in warnings[1]
+    assert "step-000004 did not load on --resume (another version's, or damaged); kept as" in warnings[2]
     losses = train_losses(run_copy)  # steps 3 and 4 trained again from step 2, exactly as the first time
     assert sorted(losses) == [1, 2, 3, 4, 5, 6]
     assert {k: losses[k] for k in range(1, 5)} == train_losses(base_run)
-    assert steps(run_copy) == ["step-000004", "step-000006", "step-000008"]
+    damaged = [name for name in steps(run_copy) if "-not-loaded-" in name]  # kept, not replaced
+    assert steps(run_copy) == ["step-000004", *damaged, "step-000006", "step-000008"] and len(damaged) == 1
     assert same_weights(run_copy / "step-000004", base_run / "step-000004")
     for folder in run_copy.glob("step-*"):
         truncate(folder / "model.safetensors")
@@ -136,9 +182,55 @@ def test_resume_falls_back_to_the_step_before_a_damaged_one_or_refuses_when_none
     assert "\n" not in str(refusal.value)
 
 
-# A full disk as the OS reports it, and as torch.save does (measured on a full tmpfs), errno lost
+def test_a_step_resume_could_not_load_is_kept_beside_the_step_saved_in_its_place(run_copy, base_run, run,
+                                                                                   capsys):
+    """Another version's step-000006 (here: one whose weights do not load) is neither loaded nor replaced."""
+    shutil.copytree(run_copy / "step-000004", run_copy / "step-000006")
+    truncate(run_copy / "step-000006" / "model.safetensors")
+    theirs = snapshot(run_copy / "step-000006")
+    capsys.readouterr()
+    run(run_copy, "--max_steps", 6, "--resume")
+    (kept,) = run_copy.glob("step-000006-not-loaded-*")
+    assert snapshot(kept) == theirs and same_weights(run_copy / "step-000004", base_run / "step-000004")
+    assert eval_llm.load(run_copy)[0] is not None  # the step saved in its place loads
+    warning = [line for line in capsys.readouterr().err.splitlines() if "did not load on --resume" in line]
+    assert warning == [f"warning: {run_copy / 'step-000006'} did not load on --resume (another version's, or "
+                       f"damaged); kept as {kept.name}, and this run's step 6 saved in its place"]
+
+
+def test_a_damaged_training_state_falls_back_to_the_step_before(run_copy, base_run, run, capsys):
+    """Random bytes in the newest training_state.pt: the step before resumes, and the damaged step is kept."""
+    damaged = os.urandom(4096)
+    (run_copy / "step-000004" / checkpoint.STATE_FILE).write_bytes(damaged)
+    capsys.readouterr()
+    run(run_copy, "--max_steps", 4, "--resume")
+    assert (f"warning: {run_copy / 'step-000004'} cannot be loaded (training_state.pt is damaged (not the "
+            "archive torch.save writes)); trying the one before") in capsys.readouterr().err
+    assert train_losses(run_copy) == train_losses(base_run)  # steps 3 and 4 trained again, alike
+    assert same_weights(run_copy / "step-000004", base_run / "step-000004")
+    (kept,) = run_copy.glob("step-000004-not-loaded-*")
+    assert (kept / checkpoint.STATE_FILE).read_bytes() == damaged
+
+
+def test_a_step_is_saved_only_once_it_evaluates_sane(trained_run, tiny_flags, tmp_path):
+    """Resumed at step 40 with an absurd lr, step 41's update leaves finite weights near 1e30 and its training
+    loss (computed before the update) finite: unevaluated, it was saved and became the step --resume continues
+    from. Evaluated first, it shows the run collapsed, is not saved, and the line names step 40."""
+    out = Path(shutil.copytree(trained_run, tmp_path / "run"))
+    kept = snapshot(out / "step-000040")
+    with pytest.raises(UserError) as err:
+        tp.main([*tiny_flags, "--out_dir", str(out), "--resume", "--max_steps", "50",
+                 "--learning_rate", "1e30", "--save_interval", "41", "--eval_interval", "50"])
+    assert "collapsed to 5.9915 at step 41" in str(err.value)
+    assert str(err.value).endswith("nothing after step-000040 was saved, and --resume continues from it")
+    assert steps(out) == ["step-000040"] and snapshot(out / "step-000040") == kept
+
+
+# A full disk as the OS reports it, and as torch.save and safetensors do (measured on a full tmpfs)
 FULL_DISK = {"OSError": OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
-             "torch": RuntimeError("basic_ios::clear: iostream error")}
+             "torch": RuntimeError("basic_ios::clear: iostream error"),
+             "safetensors": SafetensorError("Error while serializing: I/O error: No space left on device (os "
+                                            "error 28)")}
 
 
 @pytest.mark.parametrize("error", FULL_DISK)
@@ -154,12 +246,26 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_step(writer
     with monkeypatch.context() as patch:
         real = getattr(*writer)
         patch.setattr(*writer, crash_after_writing)
-        patch.setattr(checkpoint.shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
+        if error == "torch":  # its words say nothing of space: the disk it filled does
+            patch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
         with pytest.raises(UserError, match="^out of disk space in .*: step-000006 was not saved, the"):
             run(run_copy, "--max_steps", 6, "--resume")
     assert steps(run_copy) == ["step-000002", "step-000004"] and snapshot(run_copy / "step-000004") == kept
     assert not [p for p in run_copy.iterdir() if p.name.startswith(".step") or p.suffix == ".tmp"]
     assert run(run_copy, "--max_steps", 6, "--resume")["step"] == 6  # the kept step resumes
+
+
+def test_a_full_disk_at_the_first_save_advises_what_works(tmp_path, run, monkeypatch):
+    """With no step before it there is nothing to --resume: the line says to start again with --overwrite."""
+    def disk_full(*args):
+        raise FULL_DISK["OSError"]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "save", disk_full)
+        with pytest.raises(UserError, match=r"step-000002 was not saved, nor any step before it; free some "
+                                            r"space, then start again with --overwrite$"):
+            run(tmp_path / "run", "--max_steps", 2)
+    assert run(tmp_path / "run", "--max_steps", 2, "--overwrite")["step"] == 2
 
 
 def test_a_step_is_on_disk_before_an_older_one_is_pruned(tmp_path, monkeypatch):
@@ -192,7 +298,8 @@ def edited_corpus(tmp_path, tiny_corpus, tiny_texts) -> Path:
     (["--seed", "1"], "--resume: the checkpoint was trained with --seed 0, not 1; pass the same value"),
     (["--norm", "layernorm"], "--resume: the checkpoint's model has --norm rmsnorm, not layernorm; pass"),
     (["--num_hidden_layers", "3"], "--resume: the checkpoint's model has --num_hidden_layers 2, not 3; pass"),
-], ids=["data", "tokenizer", "must-match flag", "seed", "norm", "depth"])
+    (["--max_steps", "2"], "--resume: the checkpoint is at step 4, past --max_steps 2; pass a larger"),
+], ids=["data", "tokenizer", "must-match flag", "seed", "norm", "depth", "max steps"])
 def test_resume_refuses_what_would_not_continue_the_same_run(flags, refusal, run_copy, run, edited_corpus):
     before = snapshot(run_copy)
     with pytest.raises(UserError) as err:
@@ -229,12 +336,13 @@ def test_a_training_state_whose_pickle_would_run_code_is_refused_and_never_runs(
     """As is an older version's state: the refusal says what reads it and how to train on."""
     out, marker = tmp_path / "run", tmp_path / "marker"
     run(out, "--max_steps", 2)
-    state = out / "step-000002" / tp.STATE_FILE
+    state = out / "step-000002" / checkpoint.STATE_FILE
     torch.save({**torch.load(state, weights_only=True), "sampler": [Planted(marker)]}, state)
     with pytest.raises(UserError, match=r"does not read \(an older version's, or one that would run code\); "
                                         r"eval_llm.py reads its weights, and a new --out_dir"):
         run(out, "--max_steps", 4, "--resume")
     assert not marker.exists()
+    assert eval_llm.load(out)[0] is not None and not marker.exists()  # its weights are read
     torch.load(state, weights_only=False)  # the check has teeth: an unrestricted load runs it
     assert marker.read_text() == "the pickle ran code"
 

@@ -1,11 +1,15 @@
 """data/: corpus loading and splits, the tokenizer, the packed token cache, batches, and bad-input errors."""
 
+import errno
 import hashlib
 import io
 import json
 import math
 import os
+import shutil
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -173,7 +177,8 @@ def test_cache_is_reused_invalidated_and_rebuilt_when_half_written(tmp_path, mon
         assert rebuilt.path == first.path and np.array_equal(rebuilt.tokens, expected)
         assert rebuilt.sha256 == first.sha256
     assert stale.read_bytes() == b"\xff" * 10  # never read nor overwritten
-    assert {p.name for p in tmp_path.iterdir()} == {first.path.name, stale.name, f"{first.path.stem}.json"}
+    assert {p.name for p in tmp_path.iterdir()} == {first.path.name, stale.name, f"{first.path.stem}.json",
+                                                     f"{first.path.stem}.lock"}
     # A changed tokenizer, or an edited source file, gets a new entry.
     fingerprint = tokenizer_fingerprint(tokenizer)
     tokenizer.add_tokens(["Prospero"])
@@ -275,7 +280,12 @@ def test_a_folder_mixing_kinds_is_refused(tmp_path):
         load_texts(str(tmp_path), "train")
 
 
-def test_unreachable_hub_fails_fast(monkeypatch):
+@pytest.mark.parametrize("offline", [False, True], ids=["online", "HF_HUB_OFFLINE=1"])
+def test_unreachable_hub_fails_fast(offline, monkeypatch):
+    """In either mode, whichever the user's environment sets: the suite passes with HF_HUB_OFFLINE=1 (or
+    TRANSFORMERS_OFFLINE=1) too."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", offline)
     start = time.monotonic()
     with pytest.raises(UserError, match="minimind-norm-tests/no-such-dataset"):
         load_texts("minimind-norm-tests/no-such-dataset", "train")  # offline here; not found when online
@@ -285,8 +295,64 @@ def test_unreachable_hub_fails_fast(monkeypatch):
         raise ConnectionError("Name or service not known")
 
     monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", no_network)
-    with pytest.raises(UserError, match="Hub cannot serve it \\(ConnectionError\\).*embedded corpus"):
+    reason = r"cannot load it from the Hub \(.*Offline" if offline else r"cannot serve it \(ConnectionError\)"
+    with pytest.raises(UserError, match=f"^owner/name: .*{reason}.*embedded corpus"):
         load_texts("owner/name", "train")
+
+
+def test_two_processes_caching_the_same_split_take_turns(tmp_path, tiny_corpus, tiny_tokenizer, monkeypatch,
+                                                         capsys):
+    """Two trainers on the same new data: the second waits for the first's cache entry and reads it, rather
+    than packing into the same temporary file (both crashed). Threads hold the lock as processes do (flock
+    locks an open file, not a process)."""
+    pack, packing, calls = data.token_stream._pack, threading.Event(), []
+
+    def slow_pack(*args):
+        calls.append(1)
+        packing.set()
+        time.sleep(1)  # the other starts meanwhile
+        return pack(*args)
+
+    monkeypatch.setattr(data.token_stream, "_pack", slow_pack)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(prepare_split, tiny_corpus, "validation", tiny_tokenizer, cache_dir=tmp_path)
+        packing.wait()
+        second = pool.submit(prepare_split, tiny_corpus, "validation", tiny_tokenizer, cache_dir=tmp_path)
+        a, b = first.result(), second.result()
+    assert len(calls) == 1 and a.path == b.path and np.array_equal(a.tokens, b.tokens)
+    assert "waiting for another process caching the validation split's tokens in" in capsys.readouterr().err
+
+
+def no_space(*args, **kwargs):
+    """A write that failed for want of space, as datasets reports it: its own error, raised from the OS's."""
+    try:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    except OSError as err:
+        raise datasets.exceptions.DatasetGenerationError("An error occurred generating the dataset") from err
+
+
+def numpy_out_of_space(encoded, dtype, out, *rest):
+    """What ndarray.tofile raises on a full disk (measured on a full tmpfs): no errno."""
+    out.write(b"\0" * 64)
+    raise OSError("626436 requested and 524288 written")
+
+
+@pytest.mark.parametrize("where", ["token cache", "datasets cache"])
+def test_a_full_disk_while_caching_is_one_line_naming_the_folder(where, tmp_path, tiny_corpus, tiny_tokenizer,
+                                                                 monkeypatch):
+    cache = tmp_path / "cache"
+    if where == "token cache":  # the token cache's disk is full while the half-written file is there
+        monkeypatch.setattr(data.token_stream, "_pack", numpy_out_of_space)
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(
+            free=0 if path == cache and any(cache.glob(".*.tmp")) else 2**40))
+        expected = f"out of disk space in {cache}: the validation split's tokens were not cached; free some"
+    else:
+        monkeypatch.setattr(datasets, "load_dataset", no_space)
+        expected = f"out of disk space in {datasets.config.HF_DATASETS_CACHE}, datasets' cache (under HF_"
+    with pytest.raises(UserError) as err:
+        prepare_split(tiny_corpus, "validation", tiny_tokenizer, cache_dir=cache)
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []  # no half-written entry
 
 
 def test_bad_tokenizer_dir(tmp_path):

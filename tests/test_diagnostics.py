@@ -23,6 +23,7 @@ from trainer.diagnostics import (
     peak_flops,
     rms,
 )
+from trainer.plots import LAYER_PANELS, plot_layer_profiles
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 
@@ -179,3 +180,13 @@ def test_trainer_logs_every_diagnostic_per_layer(tmp_path, tiny_flags_drawing_la
         assert all(m >= 1 for m in record["massive_activation"])
         assert all(0 < a <= 1 for a in record["attn_first_token"])
     assert (tmp_path / "run" / "layers.png").stat().st_size > 0
+
+
+def test_layers_png_of_a_run_with_no_positive_value_to_log_scale_draws_without_a_warning(tmp_path):
+    """A diverged run (`--learning_rate 50 --grad_clip 0`, docs/training.md) logs gradient norms of 0 once its
+    logits saturate: that panel falls back to a linear axis (pytest turns a warning raised from the project
+    into an error)."""
+    record = {"step": 10, "split": "train", **{key: [1.0, 2.0] for key, _, _ in LAYER_PANELS}}
+    record["layer_grad_norm"] = [0.0, 0.0]
+    plot_layer_profiles({"diverged": [record]}, tmp_path / "layers.png")
+    assert (tmp_path / "layers.png").stat().st_size > 0

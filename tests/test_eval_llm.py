@@ -198,6 +198,15 @@ def test_bad_input_is_one_error_line(case, trained_run, tiny_tokenizer_dir, tmp_
     assert stopped.value.code == 2 and out == "" and line.startswith("error: ") and expected in line, err
 
 
+def test_a_tokenizer_of_the_same_size_but_other_content_is_refused(trained_run, tiny_tokenizer_dir,
+                                                                    other_tokenizer_dir):
+    """Its size matches the vocabulary, so only its content tells: it would split text otherwise."""
+    with pytest.raises(UserError, match=r"^\S+step-000040: the tokenizer \(fingerprint \w+\) is not the one "
+                                        r"its model was trained with \(\w+\); pass that one with"):
+        eval_llm.load(trained_run, other_tokenizer_dir)
+    assert eval_llm.load(trained_run, tiny_tokenizer_dir)[1] is not None  # the same content, elsewhere
+
+
 def test_a_diverged_model_has_infinite_perplexity(tiny_tokenizer, tiny_corpus):
     torch.manual_seed(0)
     lm = MiniMindForCausalLM(MiniMindConfig(**TINY, tie_word_embeddings=False)).eval()

@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     fresh = run.add_mutually_exclusive_group()
     fresh.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that loads")
     fresh.add_argument("--overwrite", action="store_true", help="discard the run in --out_dir and start "
-                       "afresh: only in a folder the trainer made (it holds .lock), and only its step-N "
-                       "folders, metrics, summary, layers.png and wandb/")
+                       "afresh: only in a folder the trainer made (its .lock says so), and only its step-N "
+                       "folders, metrics, summary, layers.png and wandb run")
     run.add_argument("--keep_checkpoints", type=positive_int, default=2, help="newest checkpoints to keep")
     run.add_argument("--no_layers_plot", action="store_true", help="skip layers.png at the end")
     run.add_argument("--num_proc", type=positive_int, help="tokenizer processes (default: the usable cores)")

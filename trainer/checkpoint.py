@@ -2,7 +2,8 @@
 step that loads, keeping the newest k. What a step holds and what --resume checks are the trainer's.
 
     out/pretrain/.lock              held by the trainer writing here (an flock: the kernel drops it
-                                    at exit); it marks the folder as a run of this trainer
+                                    at exit); it holds the run's id, which marks the folder as a run
+                                    of this trainer and names its wandb run (wandb/*-<id>)
     out/pretrain/step-000400/       one checkpoint, whatever the trainer writes into it
     out/pretrain/metrics.jsonl      every logged record; summary.json and layers.png at the end
 
@@ -11,21 +12,29 @@ exists is complete; older steps are pruned only after that. The newest that load
 (found by name, as in torchtitan).
 """
 
-import errno
+import contextlib
 import fcntl
 import os
 import re
-import shutil
 import sys
+import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from common.cli import UserError, first_line
-from common.fs import remove, replaced
+import torch
+from tqdm import tqdm
 
-STEP_FOLDER = re.compile(r"step-(\d+)")
-# What a run writes beside its steps; --overwrite deletes these and the step folders, nothing else.
-RUN_FILES = ("metrics.jsonl", "summary.json", "layers.png", "wandb")
+from common.cli import UserError, first_line
+from common.fs import remove, replaced, space_needed
+from data.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+# As save() names them, step-{step:06d}: six digits, or more without a leading zero (not step-2024)
+STEP_FOLDER = re.compile(r"step-(\d{6}|[1-9]\d{6,})")
+# What a run writes beside its steps and wandb runs; --overwrite deletes these, nothing else.
+RUN_FILES = ("metrics.jsonl", "summary.json", "layers.png")
+STATE_FILE = "training_state.pt"  # the trainer's, in each step folder beside the model's files
+LOCK_MARK = "minimind-norm trainer run "  # then the run's id: a .lock that says so is the trainer's
 
 
 def step_of(folder: Path) -> int:
@@ -34,32 +43,43 @@ def step_of(folder: Path) -> int:
 
 def step_folders(out_dir: Path) -> list[Path]:
     """The step-N folders of a run folder, newest first."""
-    found = [p for p in Path(out_dir).glob("step-*") if STEP_FOLDER.fullmatch(p.name)]
+    found = [p for p in Path(out_dir).glob("step-*") if STEP_FOLDER.fullmatch(p.name) and p.is_dir()]
     return sorted(found, key=step_of, reverse=True)
+
+
+def newest_up_to(out_dir: Path, step: int) -> Path | None:
+    """The run's newest step folder up to step (a newer one is a step --resume skipped)."""
+    return next((p for p in step_folders(out_dir) if step_of(p) <= step), None)
 
 
 def claim(out_dir: Path, resume: bool, overwrite: bool) -> int:
     """Take out_dir for this run; return the descriptor that holds it (while it is open). Refused in
     one line: a folder another trainer holds, a fresh run's used folder without --overwrite, and
-    an --overwrite of a folder that is no run of this trainer (it has no .lock)."""
+    an --overwrite of a folder that is no run of this trainer. Deletes nothing (start() does)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    ours = (out_dir / ".lock").exists()
-    fd = os.open(out_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    lock = out_dir / ".lock"
+    if lock.is_symlink():  # never followed: a dangling one would create its target, outside
+        raise UserError(f"{lock} is a link, not the trainer's lock file; choose another --out_dir")
+    existed = lock.exists()
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise UserError(f"--out_dir {out_dir} is in use by another trainer; wait for it, or choose "
                         "another") from None
-    if problem := fresh_run_problem(out_dir, resume, overwrite, ours):
-        if not ours:
-            (out_dir / ".lock").unlink()  # a folder that is not a run's is left as it was
+    if problem := fresh_run_problem(out_dir, resume, overwrite, run_id(fd) is not None):
+        if not existed:
+            lock.unlink()  # a folder that is not a run's is left as it was
         os.close(fd)  # (a refused run in a process that trains again must not hold it)
         raise UserError(problem)
-    if not resume:
-        for path in [*step_folders(out_dir), *(out_dir / name for name in RUN_FILES)]:
-            remove(path)
     return fd
+
+
+def run_id(lock: int) -> str | None:
+    """The id in the held .lock, if the trainer wrote it (else another tool's, or an empty one)."""
+    text = os.pread(lock, 200, 0).decode(errors="replace")
+    return text.removeprefix(LOCK_MARK).strip() if text.startswith(LOCK_MARK) else None
 
 
 def fresh_run_problem(out_dir: Path, resume: bool, overwrite: bool, ours: bool) -> str | None:
@@ -70,40 +90,52 @@ def fresh_run_problem(out_dir: Path, resume: bool, overwrite: bool, ours: bool) 
     if used and not overwrite:
         return (f"--out_dir {out_dir} is not empty (an earlier run?); continue it with --resume, "
                 "discard its checkpoints and records with --overwrite, or choose a new --out_dir")
-    doomed = [p.name for p in step_folders(out_dir)] + [n for n in RUN_FILES if (out_dir / n).exists()]
-    if used and not ours and doomed:
-        return (f"--overwrite: {out_dir} is no run of this trainer (it has no .lock); it would have "
-                f"deleted {', '.join(doomed)}; choose a new --out_dir")
+    if used and not ours:
+        return (f"--overwrite: {out_dir} is no run of this trainer (its .lock was not written by it), "
+                "so nothing in it is the trainer's to delete; choose a new --out_dir")
     return None
+
+
+def start(out_dir: Path, lock: int, resume: bool) -> str:
+    """Once the run can start (its data, tokenizer and model loaded): the run's id. A fresh run
+    deletes what the run before it wrote (step folders, RUN_FILES, its wandb run) and writes its new
+    id into .lock."""
+    old = run_id(lock)
+    if resume and old:
+        return old
+    if not resume:  # (old is None only where claim() found nothing but .lock)
+        wandb_runs = (out_dir / "wandb").glob(f"*-{old}")  # wandb's [offline-]run-<time>-<id>
+        for path in [*step_folders(out_dir), *(out_dir / name for name in RUN_FILES), *wandb_runs]:
+            remove(path)
+    new = uuid.uuid4().hex[:12]
+    if old or not os.fstat(lock).st_size:  # another tool's .lock keeps its words
+        os.ftruncate(lock, 0)
+        os.pwrite(lock, f"{LOCK_MARK}{new}\n".encode(), 0)
+    return new
 
 
 def save(out_dir: Path, step: int, write: Callable[[Path], None], keep: int) -> Path:
     """step-N: write(folder) fills a temporary folder, which is flushed to disk and renamed into
     place; then the steps older than N beyond the newest `keep` are deleted. Newer ones (left by a
-    run this one resumed before) stay: they did not load, and may be another version's."""
+    run this one resumed before) stay: they did not load, and may be another version's; one in the
+    way of this step is renamed, never replaced."""
     final = Path(out_dir) / f"step-{step:06d}"
-    with replaced(final) as tmp:
+    if final.exists():
+        kept = final.with_name(f"{final.name}-not-loaded-{time.strftime('%Y%m%d-%H%M%S')}")
+        final.rename(kept)
+        tqdm.write(f"warning: {final} did not load on --resume (another version's, or damaged); kept "
+                   f"as {kept.name}, and this run's step {step} saved in its place", file=sys.stderr)
+    before = ("the steps before it are intact; free some space, then --resume" if newest_up_to(out_dir, step)
+              else "nor any step before it; free some space, then start again with --overwrite")
+    with replaced(final) as tmp, space_needed(out_dir, f"{final.name} was not saved, {before}"):
         tmp.mkdir(parents=True)
-        try:
-            write(tmp)
-            for path in [*tmp.iterdir(), tmp]:
-                fsync(path)
-        except Exception as err:  # each library words a full disk its own way
-            if not out_of_space(err, tmp):
-                raise
-            raise UserError(f"out of disk space in {out_dir}: {final.name} was not saved, the steps "
-                            "before it are intact; free some space, then --resume") from None
+        write(tmp)
+        for path in [*tmp.iterdir(), tmp]:
+            fsync(path)
     fsync(final.parent)  # the rename is on disk before any older step goes
     for folder in [p for p in step_folders(out_dir) if step_of(p) < step][keep - 1 :]:
         remove(folder)
     return final
-
-
-def out_of_space(err: Exception, folder: Path) -> bool:
-    """A write refused for want of space: the OS's errno says so, or a library lost it (torch.save:
-    'iostream error', 'unexpected pos'; safetensors its own) on a disk with under 1 MiB free."""
-    full = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
-    return full or shutil.disk_usage(folder).free < 2**20
 
 
 def fsync(path: Path) -> None:
@@ -138,3 +170,19 @@ def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, objec
                 print(f"warning: {folder} cannot be loaded ({first_line(err)}); trying the one before",
                       file=sys.stderr)
     raise UserError(f"{path}: no checkpoint loads ({'; '.join(failures)})")
+
+
+def tokenizer_problem(folder: Path, tokenizer) -> str | None:
+    """Why tokenizer is not the one the model in folder trained with, by content (one of the same
+    size can split text otherwise): as its training state records it, else its tokenizer.json."""
+    recorded = None
+    with contextlib.suppress(Exception):  # no state, or a damaged or older one: no record
+        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+        recorded = state["data"]["tokenizer"]
+    if recorded is None and (folder / "tokenizer.json").is_file():
+        recorded = tokenizer_fingerprint(load_tokenizer(folder))
+    given = tokenizer_fingerprint(tokenizer)
+    if recorded in (None, given):
+        return None
+    return (f"{folder}: the tokenizer (fingerprint {given}) is not the one its model was trained "
+            f"with ({recorded})")

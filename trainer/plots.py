@@ -45,6 +45,9 @@ def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
             if logged:
                 last = logged[-1]
                 ax.plot(np.arange(len(last)), last, marker="o", label=name, **line_style(index))
+        shown = np.concatenate([line.get_ydata() for line in ax.get_lines()] or [[]])
+        if scale == "log" and not (shown > 0).any():  # nan or 0 only (a diverged run): nothing to log
+            scale = "linear"
         ax.set(title=title, xlabel="block", yscale=scale)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)

@@ -10,6 +10,7 @@ import shlex
 import statistics
 import sys
 import time
+import zipfile
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -94,13 +95,12 @@ class TrainState:
     train_time: float = 0.0  # seconds of training steps, without evaluations and saves
     start_loss: float | None = None  # the first step's loss (all ranks' mean), read at a sync
     lowest_val: float = math.inf  # the lowest validation loss so far (see val_divergence)
-    run_id: str | None = None  # the wandb run a resumed run continues
+    run_id: str | None = None  # the wandb run: the one a resumed run continues, else the run's id
     divergence: str | None = None  # how the run diverged, in words; None while it has not
     interrupted: bool = False
     last_val: dict | None = None
 
 
-STATE_FILE = "training_state.pt"  # in each step folder, beside the model folder's files
 RESUMED = ("step", "train_time", "start_loss", "lowest_val")  # TrainState fields it carries
 STATE_KEYS = (*RESUMED, "optimizer", "scaler", "sampler", "wandb_run_id", "args", "data", "rng")
 
@@ -121,6 +121,9 @@ def train(args) -> dict:
         with runtime.out_of_memory_in_one_line():
             load_data(job)
             state = start_or_resume(job)
+            if lock is not None:  # only now that it can start does a fresh run delete the last one
+                run_id = checkpoint.start(job.out_dir, lock, args.resume)
+                state.run_id = state.run_id or run_id
             tracker = open_tracking(job, state) if job.master else None
             with tracker or nullcontext():
                 train_loop(job, state, tracker)
@@ -196,14 +199,18 @@ def load_step(folder: Path) -> tuple[MiniMindForCausalLM, dict]:
     """--resume's reader of one step folder: the model (float32) and the training state, which is
     read with weights_only, so that a state that would run code when unpickled is refused."""
     model = MiniMindForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    path = folder / checkpoint.STATE_FILE
     try:
-        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
+        # torch.save writes a zip archive: other bytes are damage (load_newest tries the one before)
+        if not zipfile.is_zipfile(path):
+            raise ValueError(f"{path.name} is damaged (not the archive torch.save writes)") from None
         state = {}
     if not set(STATE_KEYS) <= state.keys():
         raise UserError(f"--resume: {folder} holds a training state this trainer does not read (an "
                         "older version's, or one that would run code); eval_llm.py reads its weights, "
-                        "and a new --out_dir (or --overwrite) starts a new run")
+                        "and a new --out_dir starts a new run")
     return model, state
 
 
@@ -230,6 +237,9 @@ def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
         raise UserError("--resume: the checkpoint was trained by an older version, which drew random "
                         "windows; this one reads each window once per epoch, so it cannot continue "
                         "that run: start a new --out_dir")
+    if saved["step"] > job.args.max_steps:
+        raise UserError(f"--resume: the checkpoint is at step {saved['step']}, past --max_steps "
+                        f"{job.args.max_steps}; pass a larger --max_steps to train on")
     if len(saved["sampler"]) != job.world_size:
         raise UserError(f"--resume: the checkpoint was written by {len(saved['sampler'])} processes, "
                         f"not {job.world_size}; resume with the same number of processes")
@@ -289,8 +299,8 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
                 group["lr"] = lr
             diag_now = due(args.diag_interval)
             log_now = due(args.log_interval) or diag_now
-            eval_now = due(args.eval_interval)
             save_now = due(args.save_interval)
+            eval_now = due(args.eval_interval) or save_now  # only a step that evaluates sane is saved
             loss_sum, last_batch = micro_steps(job, state)
             state.scaler.unscale_(state.optimizer)
             layer_grads = block_grad_norms(raw.model.layers) if diag_now and job.master else None
@@ -324,7 +334,7 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
                 window_loss = torch.zeros((), device=job.device)
                 window_steps = 0
                 window_start = state.train_time
-            if eval_now:
+            if eval_now or state.interrupted:
                 state.last_val = run_eval(job, state, tracker)
                 state.divergence = val_divergence(state.last_val["loss"], state.step, state.start_loss,
                                                   state.lowest_val, job.unigram, raw.config.vocab_size)
@@ -412,7 +422,7 @@ def save(job: Job, state: TrainState, tracker: Tracker | None) -> None:
     def write(folder: Path) -> None:
         state.raw_model.save_pretrained(folder)
         job.tokenizer.save_pretrained(folder)
-        torch.save(training_state, folder / STATE_FILE)
+        torch.save(training_state, folder / checkpoint.STATE_FILE)
 
     checkpoint.save(job.out_dir, state.step, write, job.args.keep_checkpoints)
 
@@ -453,8 +463,8 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     tracker.close()
     if summary["diverged"]:  # main() and the runner say what to change
         return summary
-    saved = checkpoint.step_folders(job.out_dir)
-    where = f"checkpoint {saved[0]}" if saved else "no checkpoint"
+    saved = checkpoint.newest_up_to(job.out_dir, state.step)
+    where = f"checkpoint {saved}" if saved else "no checkpoint"
     val = f"val loss {last_val['loss']:.3f}, {last_val['bpb']:.3f} bits/byte" if last_val else "no evaluation"
     data = f" {shlex.quote(args.data_path)}" if args.data_path else ""
     then = ("the same command with --resume continues it" if state.interrupted else
@@ -469,8 +479,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     summary = train(args)
     if summary["diverged"]:
-        kept = checkpoint.step_folders(Path(args.out_dir))
-        then = (f"nothing after {kept[0].name} was saved, and --resume continues from it" if kept else
+        kept = checkpoint.newest_up_to(Path(args.out_dir), summary["step"])
+        then = (f"nothing after {kept.name} was saved, and --resume continues from it" if kept else
                 "no checkpoint was saved: start over with --overwrite")
         raise UserError(f"{summary['divergence']}: lower --learning_rate, raise --warmup_steps or set "
                         f"--grad_clip; {then}")

@@ -21,7 +21,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from common.cli import ArgumentParser, UserError, first_line, non_negative, positive_int, run_cli
-from common.fs import replaced
+from common.fs import replaced, space_needed
 from data.tokenizer import load_tokenizer
 from model import PRESETS, MiniMindConfig, MiniMindForCausalLM, norm_variant
 from model.model_minimind import with_implied
@@ -147,7 +147,7 @@ def convert(pth: Path, tokenizer_dir: Path, dst: Path, **flags) -> MiniMindForCa
     if dst.exists():
         raise UserError(f"{dst} already exists; choose a new output directory")
     model, tokenizer, name = import_minimind(pth, tokenizer_dir, **flags)
-    with replaced(dst) as tmp:
+    with replaced(dst) as tmp, space_needed(dst.parent, "nothing was written"):
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     c = model.config

@@ -19,9 +19,10 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from common.cli import ArgumentParser, UserError, run_cli
-from common.fs import replaced
+from common.fs import replaced, space_needed
 from data.tokenizer import load_tokenizer
 from extras.interop.export import export_model
+from trainer.checkpoint import tokenizer_problem
 
 ARCHITECTURES = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen3": gguf.MODEL_ARCH.QWEN3,
                  "olmo2": gguf.MODEL_ARCH.OLMO2}
@@ -187,10 +188,12 @@ def convert(src: Path, dst: Path, outtype: str = "f32") -> str:
     if not (model_dir / "tokenizer.json").is_file():
         raise UserError(f"{model_dir}: has no tokenizer.json, and a GGUF file carries its tokenizer")
     tokenizer = load_tokenizer(model_dir)
+    if problem := tokenizer_problem(model_dir, tokenizer):
+        raise UserError(f"{problem}; nothing was written")
     vocab = vocabulary(model_dir, hf_model.config.vocab_size)
     tensors = gguf_tensors(hf_model, family)
     expected = stored(tensors, outtype)
-    with replaced(dst) as tmp:
+    with replaced(dst) as tmp, space_needed(dst.parent, "nothing was written"):
         write_gguf(tmp, Path(src).resolve().name, family, hf_model.config, tensors, tokenizer, vocab, outtype)
         self_check(tmp, expected, vocab)
     print(f"wrote {family} GGUF ({outtype}, {len(tensors)} tensors, {len(vocab[0])} tokens, "

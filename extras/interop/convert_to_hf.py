@@ -19,9 +19,10 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from common.cli import ArgumentParser, UserError, run_cli
-from common.fs import replaced
+from common.fs import replaced, space_needed
 from data import load_tokenizer
 from extras.interop.export import export_model
+from trainer.checkpoint import tokenizer_problem
 
 TOLERANCE = 1e-4
 
@@ -34,6 +35,7 @@ def save_portable_tokenizer(tokenizer, folder: Path) -> None:
     path = folder / "tokenizer_config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config.pop("auto_map", None)  # a foreign tokenizer's own code, which the export does not carry
     if isinstance(config.get("extra_special_tokens"), list):
         config["additional_special_tokens"] = config.pop("extra_special_tokens")
     path.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -44,10 +46,15 @@ def convert(src: Path, dst: Path) -> str:
     if dst.exists():
         raise UserError(f"{dst} already exists; choose a new output directory")
     src, source, target = export_model(src)
-    with replaced(dst) as tmp:
+    tokenizer = None
+    if (src / "tokenizer.json").is_file():
+        tokenizer = load_tokenizer(src)
+        if problem := tokenizer_problem(src, tokenizer):
+            raise UserError(f"{problem}; nothing was written")
+    with replaced(dst) as tmp, space_needed(dst.parent, "nothing was written"):
         target.save_pretrained(tmp)
-        if (src / "tokenizer.json").is_file():
-            save_portable_tokenizer(load_tokenizer(src), tmp)
+        if tokenizer:
+            save_portable_tokenizer(tokenizer, tmp)
         # The self-check reads what was written, with transformers' own class and none of this repo's code.
         reloaded = type(target).from_pretrained(tmp, dtype=torch.float32).eval()
         ids = torch.randint(0, source.config.vocab_size, (3, 24), generator=torch.Generator().manual_seed(0))

@@ -7,6 +7,7 @@ import io
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,8 +58,12 @@ def test_the_exported_tokenizer_loads_as_the_generic_class_with_the_same_ids(tmp
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|image_pad|>", "<|audio_pad|>"]})
     tiny_model(perturb=False, vocab_size=len(tokenizer)).save_pretrained(tmp_path / "src")
     tokenizer.save_pretrained(tmp_path / "src")
+    config = tmp_path / "src" / "tokenizer_config.json"  # naming code of its own, which is not exported
+    foreign = {"auto_map": {"AutoTokenizer": ["x.X", None]}}
+    config.write_text(json.dumps(json.loads(config.read_text()) | foreign))
     convert_to_hf.convert(tmp_path / "src", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert "auto_map" not in config
     # transformers 4 (llama.cpp's converter pins it) reads extra_special_tokens as a dict and fails on a list
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and "extra_special_tokens" not in config
     assert config["additional_special_tokens"] == ["<|image_pad|>", "<|audio_pad|>"]
@@ -94,6 +99,18 @@ def test_converters_refuse_a_damaged_step_and_export_a_runs_newest_intact_one(co
         step_2 = tiny_model(2, perturb=False, vocab_size=exported["model.embed_tokens.weight"].shape[0])
         assert all(torch.equal(t, step_2.state_dict()[k]) for k, t in exported.items())
 
+
+
+@pytest.mark.parametrize("converter", [convert_to_hf, convert_to_gguf], ids=["hf", "gguf"])
+def test_converters_refuse_a_tokenizer_the_model_was_not_trained_with(converter, trained_run,
+                                                                     other_tokenizer_dir, tmp_path):
+    """A step folder whose tokenizer.json of the same size was swapped: its training state records the one."""
+    folder = Path(shutil.copytree(step_folders(trained_run)[0], tmp_path / "step"))
+    shutil.copy(Path(other_tokenizer_dir) / "tokenizer.json", folder / "tokenizer.json")
+    with pytest.raises(UserError, match=r"the tokenizer \(fingerprint \w+\) is not the one its model was "
+                                        r"trained with \(\w+\); nothing was written$"):
+        converter.convert(folder, tmp_path / "export")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step"]
 
 
 @pytest.mark.parametrize("planted", ["config.json", "tokenizer_config.json"])
