@@ -1,17 +1,25 @@
 """Sample from, measure and compare trained checkpoints.
 
-    python eval_llm.py --model_path out/pretrain                          # default prompts, or type your own
-    python eval_llm.py --model_path out/pretrain --prompt $'**HAMLET**  \\nTo be' --temperature 0
-    python eval_llm.py --model_path out/pretrain --eval_data              # loss, ppl, bpb, held-out plays
-    python eval_llm.py --compare out/ablation/runs/* --eval_data          # every ablation run, side by side
+    # default prompts, or type your own
+    python eval_llm.py --model_path out/pretrain
+    python eval_llm.py --model_path out/pretrain --prompt $'**HAMLET**  \\nTo be' \\
+        --temperature 0
+    # loss, ppl, bpb, held-out plays
+    python eval_llm.py --model_path out/pretrain --eval_data
+    # every ablation run, side by side
+    python eval_llm.py --compare out/ablation/runs/* --eval_data
 
-A model folder is the trainer's --out_dir (its newest step-N folder that loads), a step folder, or any folder
-AutoModelForCausalLM loads, e.g. a Llama export of extras/interop/convert_to_hf.py; the tokenizer is its own
-unless --tokenizer_path is given, and one that is not the tokenizer the folder records (by content, not only
-its size) is refused. Each prompt is encoded after the tokenizer's bos token (the document separator), as
-every training document started after one. With --eval_data and no --prompt a single model is only
-evaluated; --compare always generates. The loss comes from the model's logits, so every family is measured
-the same way.
+A model folder is the trainer's --out_dir (its newest step-N folder that loads),
+a step folder, or any folder AutoModelForCausalLM loads,
+e.g. a Llama export of extras/interop/convert_to_hf.py;
+the tokenizer is its own unless --tokenizer_path is given,
+and one that is not the tokenizer the folder records
+(by content, not only its size) is refused.
+Each prompt is encoded after the tokenizer's bos token (the document separator),
+as every training document started after one.
+With --eval_data and no --prompt a single model is only evaluated;
+--compare always generates.
+The loss comes from the model's logits, so every family is measured the same way.
 """
 
 import argparse
@@ -27,8 +35,22 @@ from transformers import AutoModelForCausalLM, TextStreamer
 from transformers.utils import logging as hf_logging
 
 import model  # noqa: F401  (registers MiniMind with the Auto classes)
-from common.cli import ArgumentParser, UserError, count, finite_float, non_negative, positive_int, run_cli
-from data import DEFAULT_PROMPTS, BatchSampler, bits_per_byte, load_tokenizer, prepare_split
+from common.cli import (
+    ArgumentParser,
+    UserError,
+    count,
+    finite_float,
+    non_negative,
+    positive_int,
+    run_cli,
+)
+from data import (
+    DEFAULT_PROMPTS,
+    BatchSampler,
+    bits_per_byte,
+    load_tokenizer,
+    prepare_split,
+)
 from model import norm_variant
 from trainer.checkpoint import load_newest, tokenizer_problem
 from trainer.evaluation import evaluate
@@ -39,53 +61,64 @@ DEFAULT_SEQ_LEN = 256
 
 @dataclass(frozen=True)
 class Sampling:
-    """How continuations are drawn; the defaults are the CLI's. temperature 0 means greedy."""
+    """How continuations are drawn; the defaults are the CLI's.
+    temperature 0 means greedy."""
     max_new_tokens: int = 100
     temperature: float = 0.8
     top_p: float = 0.9
     top_k: int = 0
     repetition_penalty: float = 1.0
     seed: int = 0
-    no_kv_cache: bool = False  # recompute the prefix for every token: the same tokens, a check of the cache
+    # recompute the prefix for every token: the same tokens, a check of the cache
+    no_kv_cache: bool = False
 
 
 @dataclass
 class Result:
-    """One checkpoint's part of a comparison: its label, norm variant, continuations and held-out metrics."""
+    """One checkpoint's part of a comparison:
+    its label, norm variant, continuations and held-out metrics."""
     name: str
     variant: str
     continuations: list[str]
     metrics: dict | None = None
-    error: str | None = None  # why it could not be loaded; then it has no continuations or metrics
+    # why it could not be loaded; then it has no continuations or metrics
+    error: str | None = None
 
 
 def load(path, tokenizer_path=None, device="cpu"):
-    """(model, tokenizer) from a model folder or run folder (trainer/checkpoint.py's load_newest: a run's
-    newest checkpoint that loads), the model on device in eval mode."""
+    """(model, tokenizer) from a model folder or run folder
+    (trainer/checkpoint.py's load_newest: a run's newest checkpoint that loads),
+    the model on device in eval mode."""
     given_tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
 
     def read(model_dir: Path):
         tokenizer = given_tokenizer
-        if tokenizer is None:  # read with the weights: a later read could find the folder replaced
+        # read with the weights: a later read could find the folder replaced
+        if tokenizer is None:
             if not (model_dir / "tokenizer.json").is_file():
-                raise UserError(f"{model_dir}: has no tokenizer.json; pass the model's tokenizer with "
-                                "--tokenizer_path")
+                raise UserError(f"{model_dir}: has no tokenizer.json; "
+                                "pass the model's tokenizer with --tokenizer_path")
             tokenizer = load_tokenizer(model_dir)
-        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True,
+        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                  local_files_only=True,
                                                   trust_remote_code=False)
         return lm, tokenizer
 
     folder, (lm, tokenizer) = load_newest(Path(path), read)
-    # The trainer sizes a MiniMind vocabulary to its tokenizer exactly, so any difference means the wrong one.
-    # Other models may pad their vocabulary; there only a tokenizer with ids the model cannot embed is
-    # refused.
+    # The trainer sizes a MiniMind vocabulary to its tokenizer exactly,
+    # so any difference means the wrong one.
+    # Other models may pad their vocabulary;
+    # there only a tokenizer with ids the model cannot embed is refused.
     exact = lm.config.model_type == "minimind"
-    if len(tokenizer) > lm.config.vocab_size or (exact and len(tokenizer) != lm.config.vocab_size):
-        raise UserError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has "
-                        f"{lm.config.vocab_size}; pass the tokenizer it was trained with (--tokenizer_path)")
-    if problem := tokenizer_problem(folder, tokenizer):  # the same size can still split text otherwise
-        raise UserError(f"{problem}; pass that one with --tokenizer_path, or leave the flag out to use the "
-                        "model folder's own")
+    if (len(tokenizer) > lm.config.vocab_size
+            or (exact and len(tokenizer) != lm.config.vocab_size)):
+        raise UserError(f"the tokenizer has {len(tokenizer)} tokens "
+                        f"but the model's vocabulary has {lm.config.vocab_size}; "
+                        "pass the tokenizer it was trained with (--tokenizer_path)")
+    # the same size can still split text otherwise
+    if problem := tokenizer_problem(folder, tokenizer):
+        raise UserError(f"{problem}; pass that one with --tokenizer_path, "
+                        "or leave the flag out to use the model folder's own")
     return lm.to(device).eval(), tokenizer
 
 
@@ -94,40 +127,52 @@ def display_name(path) -> str:  # the run folder's name, also for a step folder 
     return path.parent.name if path.name.startswith("step-") else path.name
 
 
-def variant_of(config) -> str:  # a MiniMind model's normalization setup, or another model's type
+# a MiniMind model's normalization setup, or another model's type
+def variant_of(config) -> str:
     return norm_variant(config) if config.model_type == "minimind" else config.model_type
 
 
-def encode_prompt(tokenizer, prompt: str, context: int, max_new_tokens: int) -> torch.Tensor:
-    """[1, n] ids: bos then the prompt, cut from the left so that n + max_new_tokens fits the context."""
+def encode_prompt(tokenizer, prompt: str, context: int,
+                  max_new_tokens: int) -> torch.Tensor:
+    """[1, n] ids: bos then the prompt,
+    cut from the left so that n + max_new_tokens fits the context."""
     limit = context - max_new_tokens
     if limit < 1:
-        raise UserError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
-                        f"context of {context} tokens")
+        raise UserError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt "
+                        f"in the model's context of {context} tokens")
     ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt, add_special_tokens=False)
     if len(ids) > limit:
-        print(f"warning: prompt of {len(ids)} tokens cut to its last {limit}: the model's context is "
-              f"{context} tokens and {max_new_tokens} are kept for --max_new_tokens", file=sys.stderr)
+        print(f"warning: prompt of {len(ids)} tokens cut to its last {limit}: "
+              f"the model's context is {context} tokens "
+              f"and {max_new_tokens} are kept for --max_new_tokens", file=sys.stderr)
         ids = ids[-limit:]
     return torch.tensor([ids])
 
 
 @torch.no_grad()
-def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(), stream: bool = False) -> str:
-    """The continuation of prompt, printed as it is produced when stream is set. The seed is set for every
-    prompt, so a continuation does not depend on earlier ones and several checkpoints draw the same random
-    numbers."""
-    ids = encode_prompt(tokenizer, prompt, lm.config.max_position_embeddings, sampling.max_new_tokens)
+def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(),
+                  stream: bool = False) -> str:
+    """The continuation of prompt, printed as it is produced when stream is set.
+    The seed is set for every prompt, so a continuation does not depend on earlier ones
+    and several checkpoints draw the same random numbers."""
+    ids = encode_prompt(tokenizer, prompt, lm.config.max_position_embeddings,
+                        sampling.max_new_tokens)
     ids = ids.to(lm.device)
-    options = {"max_new_tokens": sampling.max_new_tokens, "repetition_penalty": sampling.repetition_penalty,
-               "do_sample": sampling.temperature > 0, "use_cache": not sampling.no_kv_cache}
+    options = {"max_new_tokens": sampling.max_new_tokens,
+               "repetition_penalty": sampling.repetition_penalty,
+               "do_sample": sampling.temperature > 0,
+               "use_cache": not sampling.no_kv_cache}
     if options["do_sample"]:  # greedy decoding would warn that these are unused
-        options.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
-    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
+        options.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                       top_k=sampling.top_k)
+    streamer = (TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+                if stream else None)
     torch.manual_seed(sampling.seed)
-    with autocast(lm.device, resolve_dtype("auto", lm.device)):  # the trainer's precision
-        out = lm.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=tokenizer.pad_token_id,
-                          streamer=streamer, **options)
+    # the trainer's precision
+    with autocast(lm.device, resolve_dtype("auto", lm.device)):
+        out = lm.generate(ids, attention_mask=torch.ones_like(ids),
+                          pad_token_id=tokenizer.pad_token_id, streamer=streamer,
+                          **options)
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
@@ -144,34 +189,43 @@ def read_prompts():
         yield prompt
 
 
-def evaluate_split(lm, tokenizer, data_path: str | None = "default", text_field: str = "text",
-                   batch_size: int = 8, seq_len: int | None = None, max_batches: int | None = None,
+def evaluate_split(lm, tokenizer, data_path: str | None = "default",
+                   text_field: str = "text", batch_size: int = 8,
+                   seq_len: int | None = None, max_batches: int | None = None,
                    progress: bool = False) -> dict:
-    """Loss per token, perplexity and bits per byte on data_path's validation split, by the trainer's
-    evaluate() over its first max_batches batches (default: all) of non-overlapping windows; bits per byte use
-    the whole split's bytes per token."""
+    """Loss per token, perplexity and bits per byte on data_path's validation split,
+    by the trainer's evaluate() over its first max_batches batches (default: all)
+    of non-overlapping windows;
+    bits per byte use the whole split's bytes per token."""
     context = lm.config.max_position_embeddings
     seq_len = seq_len or min(DEFAULT_SEQ_LEN, context)
     if seq_len > context:
-        raise UserError(f"--seq_len {seq_len} is longer than the model's context of {context} tokens")
+        raise UserError(f"--seq_len {seq_len} is longer than the model's context "
+                        f"of {context} tokens")
     split = prepare_split(data_path, "validation", tokenizer, text_field)
     windows = BatchSampler(split.tokens, batch_size, seq_len).num_windows
-    # A limit beyond the split's end would wrap around and count windows twice; the whole split is the most.
-    steps = max_batches if max_batches is not None and max_batches * batch_size < windows else None
+    # A limit beyond the split's end would wrap around and count windows twice;
+    # the whole split is the most.
+    steps = (max_batches
+             if max_batches is not None and max_batches * batch_size < windows
+             else None)
     loss = evaluate(lm, split.tokens, batch_size, seq_len, steps, lm.device,
                     autocast(lm.device, resolve_dtype("auto", lm.device)), progress)
-    ppl = math.exp(loss) if loss < 709 else math.inf  # no float holds e^709 (a diverged model)
+    # no float holds e^709 (a diverged model)
+    ppl = math.exp(loss) if loss < 709 else math.inf
     return {"loss": loss, "ppl": ppl, "bpb": bits_per_byte(loss, split.bytes_per_token),
             "tokens": (windows if steps is None else steps * batch_size) * seq_len}
 
 
-def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu", tokenizer_path=None,
-            eval_kwargs: dict | None = None) -> list[Result]:
-    """Every prompt through every checkpoint, loaded one at a time, with the same seed, plus
-    evaluate_split(**eval_kwargs) if given. One that cannot be loaded is named in a warning and kept as a
-    Result with its error; a UserError when none loads."""
+def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu",
+            tokenizer_path=None, eval_kwargs: dict | None = None) -> list[Result]:
+    """Every prompt through every checkpoint, loaded one at a time, with the same seed,
+    plus evaluate_split(**eval_kwargs) if given.
+    One that cannot be loaded is named in a warning and kept as a Result with its error;
+    a UserError when none loads."""
     names = [display_name(p) for p in paths]
-    if len(set(names)) < len(names):  # e.g. a/seed0 and b/seed0: only the full paths tell them apart
+    # e.g. a/seed0 and b/seed0: only the full paths tell them apart
+    if len(set(names)) < len(names):
         names = [str(p) for p in paths]
     results = []
     for i, (path, name) in enumerate(zip(paths, names, strict=True), 1):
@@ -183,15 +237,18 @@ def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu", token
             results.append(Result(name, "not loaded", [], error=str(err)))
             continue
         continuations = [generate_text(lm, tokenizer, p, sampling) for p in prompts]
-        metrics = evaluate_split(lm, tokenizer, **eval_kwargs) if eval_kwargs is not None else None
+        metrics = (evaluate_split(lm, tokenizer, **eval_kwargs)
+                   if eval_kwargs is not None else None)
         results.append(Result(name, variant_of(lm.config), continuations, metrics))
     if all(r.error for r in results):
-        raise UserError("nothing to compare: no model folder could be loaded (the warnings above say why)")
+        raise UserError("nothing to compare: no model folder could be loaded "
+                        "(the warnings above say why)")
     return results
 
 
 def format_comparison(prompts, results: list[Result]) -> str:
-    """One block per prompt: the prompt, then each checkpoint's continuation under its label."""
+    """One block per prompt:
+    the prompt, then each checkpoint's continuation under its label."""
     blocks = []
     for i, prompt in enumerate(prompts):
         lines = [f"=== prompt {i + 1} ===", prompt]
@@ -205,45 +262,66 @@ def format_comparison(prompts, results: list[Result]) -> str:
 def format_metrics_table(results: list[Result]) -> str:
     header = ("checkpoint", "variant", "loss", "ppl", "bpb")
     rows = [header] + [(r.name, r.variant, "—", "—", "—") if r.error else
-                       (r.name, r.variant, f"{r.metrics['loss']:.4f}", f"{r.metrics['ppl']:.2f}",
-                        f"{r.metrics['bpb']:.4f}") for r in results]
+                       (r.name, r.variant, f"{r.metrics['loss']:.4f}",
+                        f"{r.metrics['ppl']:.2f}", f"{r.metrics['bpb']:.4f}")
+                       for r in results]
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+    return "\n".join("  ".join(cell.ljust(w)
+                               for cell, w in zip(row, widths, strict=True)).rstrip()
                      for row in rows)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description=__doc__)
-    p.add_argument("--model_path", help="the trainer's --out_dir, a step folder, or any AutoModelForCausalLM "
-                   "folder (e.g. a Llama export)")
-    p.add_argument("--tokenizer_path", help="tokenizer folder (default: the model folder's own)")
-    p.add_argument("--device", default="auto", help="auto (cuda with bf16 autocast if available, else cpu in "
-                   "fp32), cpu, cuda, cuda:1, ...")
+    p.add_argument("--model_path",
+                   help="the trainer's --out_dir, a step folder, "
+                        "or any AutoModelForCausalLM folder (e.g. a Llama export)")
+    p.add_argument("--tokenizer_path",
+                   help="tokenizer folder (default: the model folder's own)")
+    p.add_argument("--device", default="auto",
+                   help="auto (cuda with bf16 autocast if available, else cpu in fp32), "
+                        "cpu, cuda, cuda:1, ...")
     gen = p.add_argument_group("generation")
-    gen.add_argument("--prompt", action="append", help="text to continue; repeat for several (default: typed "
-                     "at a terminal, else a few Shakespeare prompts); cut from the left to fit the context")
-    gen.add_argument("--max_new_tokens", type=positive_int, default=Sampling.max_new_tokens,
-                     help="tokens to generate")
-    gen.add_argument("--temperature", type=non_negative, default=Sampling.temperature, help="0 = greedy")
-    gen.add_argument("--top_p", type=finite_float, default=Sampling.top_p, help="nucleus sampling (1 = off)")
-    gen.add_argument("--top_k", type=count, default=Sampling.top_k, help="the k likeliest tokens only "
-                     "(0 = off)")
-    gen.add_argument("--repetition_penalty", type=finite_float, default=Sampling.repetition_penalty,
-                     help="divide the logits of tokens already present by this (1 = off)")
-    gen.add_argument("--seed", type=count, default=Sampling.seed, help="set anew for every prompt")
-    gen.add_argument("--no_kv_cache", action="store_true", help="recompute the whole sequence for every "
-                     "token (slower, the same tokens: a check of the cache)")
+    gen.add_argument("--prompt", action="append",
+                     help="text to continue; repeat for several "
+                          "(default: typed at a terminal, "
+                          "else a few Shakespeare prompts); "
+                          "cut from the left to fit the context")
+    gen.add_argument("--max_new_tokens", type=positive_int,
+                     default=Sampling.max_new_tokens, help="tokens to generate")
+    gen.add_argument("--temperature", type=non_negative, default=Sampling.temperature,
+                     help="0 = greedy")
+    gen.add_argument("--top_p", type=finite_float, default=Sampling.top_p,
+                     help="nucleus sampling (1 = off)")
+    gen.add_argument("--top_k", type=count, default=Sampling.top_k,
+                     help="the k likeliest tokens only (0 = off)")
+    gen.add_argument("--repetition_penalty", type=finite_float,
+                     default=Sampling.repetition_penalty,
+                     help="divide the logits of tokens already present "
+                          "by this (1 = off)")
+    gen.add_argument("--seed", type=count, default=Sampling.seed,
+                     help="set anew for every prompt")
+    gen.add_argument("--no_kv_cache", action="store_true",
+                     help="recompute the whole sequence for every token "
+                          "(slower, the same tokens: a check of the cache)")
     ev = p.add_argument_group("held-out evaluation")
-    ev.add_argument("--eval_data", nargs="?", const="default", metavar="PATH|default", help="loss, "
-                    "perplexity and bits per byte on the validation split of this corpus: its own, else "
-                    "documents 0, 100, 200, ..., as the trainer holds them out (alone: the held-out plays)")
-    ev.add_argument("--text_field", default="text", help="the column of --eval_data that holds the text")
-    ev.add_argument("--batch_size", type=positive_int, default=8, help="windows per evaluation batch")
-    ev.add_argument("--seq_len", type=positive_int, help="tokens per window (default: "
-                    f"min({DEFAULT_SEQ_LEN}, the model's context))")
-    ev.add_argument("--eval_batches", type=positive_int, help="evaluate this many batches (default: all)")
-    p.add_argument("--compare", nargs="+", metavar="DIR", help="also these model folders, with the same "
-                   "prompts and seed, side by side (one that cannot be loaded is named and left out)")
+    ev.add_argument("--eval_data", nargs="?", const="default", metavar="PATH|default",
+                    help="loss, perplexity and bits per byte on the validation split "
+                         "of this corpus: its own, "
+                         "else documents 0, 100, 200, ..., "
+                         "as the trainer holds them out (alone: the held-out plays)")
+    ev.add_argument("--text_field", default="text",
+                    help="the column of --eval_data that holds the text")
+    ev.add_argument("--batch_size", type=positive_int, default=8,
+                    help="windows per evaluation batch")
+    ev.add_argument("--seq_len", type=positive_int,
+                    help="tokens per window "
+                         f"(default: min({DEFAULT_SEQ_LEN}, the model's context))")
+    ev.add_argument("--eval_batches", type=positive_int,
+                    help="evaluate this many batches (default: all)")
+    p.add_argument("--compare", nargs="+", metavar="DIR",
+                   help="also these model folders, with the same prompts and seed, "
+                        "side by side (one that cannot be loaded is named and left out)")
     return p
 
 
@@ -257,18 +335,21 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    hf_logging.disable_progress_bar()  # the per-load "Loading weights" bar is noise here
+    # the per-load "Loading weights" bar is noise here
+    hf_logging.disable_progress_bar()
     device = pick_device(args.device)
     sampling = Sampling(**{f.name: getattr(args, f.name) for f in fields(Sampling)})
     eval_kwargs = None
     if args.eval_data is not None:
-        eval_kwargs = dict(data_path=args.eval_data, text_field=args.text_field, progress=True,
-                           batch_size=args.batch_size, seq_len=args.seq_len, max_batches=args.eval_batches)
+        eval_kwargs = dict(data_path=args.eval_data, text_field=args.text_field,
+                           progress=True, batch_size=args.batch_size,
+                           seq_len=args.seq_len, max_batches=args.eval_batches)
 
     if args.compare:
         paths = ([args.model_path] if args.model_path else []) + args.compare
         prompts = args.prompt or DEFAULT_PROMPTS
-        results = compare(paths, prompts, sampling, device, args.tokenizer_path, eval_kwargs)
+        results = compare(paths, prompts, sampling, device, args.tokenizer_path,
+                          eval_kwargs)
         print(format_comparison(prompts, results))
         if eval_kwargs is not None:
             print("\n" + format_metrics_table(results))
@@ -277,14 +358,17 @@ def main(argv=None) -> None:
     lm, tokenizer = load(args.model_path, args.tokenizer_path, device)
     if eval_kwargs is not None:
         metrics = evaluate_split(lm, tokenizer, **eval_kwargs)
-        result = Result(display_name(args.model_path), variant_of(lm.config), [], metrics)
+        result = Result(display_name(args.model_path), variant_of(lm.config), [],
+                        metrics)
         print(format_metrics_table([result]))
         if not args.prompt:
             return
-    prompts = args.prompt or (read_prompts() if sys.stdin and sys.stdin.isatty() else DEFAULT_PROMPTS)
+    prompts = args.prompt or (read_prompts() if sys.stdin and sys.stdin.isatty()
+                              else DEFAULT_PROMPTS)
     for prompt in prompts:
         print(prompt, end="", flush=True)
-        generate_text(lm, tokenizer, prompt, sampling, stream=True)  # the streamer ends the line
+        # the streamer ends the line
+        generate_text(lm, tokenizer, prompt, sampling, stream=True)
         print()
 
 

@@ -1,6 +1,8 @@
-"""The one way the project writes a file or folder: into a temporary sibling that then replaces it,
-so a reader sees the old version or the whole new one, never half of it, and a link planted at the
-path is never written through. And a full disk met while writing, as one line."""
+"""The one way the project writes a file or folder:
+into a temporary sibling that then replaces it,
+so a reader sees the old version or the whole new one, never half of it,
+and a link planted at the path is never written through.
+And a full disk met while writing, as one line."""
 
 import errno
 import fcntl
@@ -16,8 +18,8 @@ from common.cli import UserError
 
 @contextmanager
 def replaced(path: Path) -> Iterator[Path]:
-    """A fresh temporary sibling of path (for a file or a folder) to write into; when the block ends
-    it replaces path, or, if the block raised, it is removed."""
+    """A fresh temporary sibling of path (for a file or a folder) to write into;
+    when the block ends it replaces path, or, if the block raised, it is removed."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     remove(tmp)
@@ -45,8 +47,9 @@ def write_atomically(path: Path, data: str | bytes) -> None:
 
 @contextmanager
 def taking_turns(lock: Path, waiting: str) -> Iterator[None]:
-    """Hold an flock on the file lock: a second process writing the same target (replaced() gives
-    each target one temporary name) waits for the first, saying `waiting`."""
+    """Hold an flock on the file lock: a second process writing the same target
+    (replaced() gives each target one temporary name)
+    waits for the first, saying `waiting`."""
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         try:
@@ -60,10 +63,11 @@ def taking_turns(lock: Path, waiting: str) -> Iterator[None]:
 
 
 def out_of_space(err: BaseException, folder: Path) -> bool:
-    """A write refused for want of space: the OS says so, in err or what it was raised from
-    (datasets wraps it), by its errno or in its words (safetensors: 'No space left on device (os
-    error 28)'); or a library lost both (torch.save: 'unexpected pos', numpy: 'requested and
-    written') on a disk with under 1 MiB free."""
+    """A write refused for want of space: the OS says so,
+    in err or what it was raised from (datasets wraps it), by its errno or in its words
+    (safetensors: 'No space left on device (os error 28)');
+    or a library lost both (torch.save: 'unexpected pos', numpy: 'requested and written')
+    on a disk with under 1 MiB free."""
     cause = err
     while cause is not None:
         if getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT):

@@ -1,4 +1,4 @@
-"""The figure every run draws (layers.png: per-layer profiles) and helpers study/plots.py shares."""
+"""Every run's per-layer figure (layers.png) and the helpers study/plots.py shares."""
 
 from pathlib import Path
 
@@ -6,7 +6,8 @@ import numpy as np
 
 from common.fs import replaced
 
-# Per-layer statistics the trainer logs (trainer/diagnostics.py): record key, panel title, y scale.
+# Per-layer statistics the trainer logs (trainer/diagnostics.py):
+# record key, panel title, y scale.
 LAYER_PANELS = (
     ("residual_rms", "residual stream RMS entering block", "log"),
     ("layer_grad_norm", "gradient norm of block parameters", "log"),
@@ -24,7 +25,8 @@ def line_style(index: int) -> dict:
 
 
 def pyplot():
-    """matplotlib's pyplot, imported on the first figure (it takes seconds), drawing to files."""
+    """matplotlib's pyplot, imported on the first figure (it takes seconds),
+    drawing to files."""
     import matplotlib
 
     matplotlib.use("Agg")  # never needs a display
@@ -34,19 +36,22 @@ def pyplot():
 
 
 def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
-    """Each per-layer statistic against block index at the last step that recorded it, one line per
-    run (a run that never logged a statistic is left out of its panel)."""
+    """Each per-layer statistic against block index at the last step that recorded it,
+    one line per run (a run that never logged a statistic is left out of its panel)."""
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(2, 4, figsize=(18, 8))
     for ax, (key, title, scale) in zip(axes.flat, LAYER_PANELS, strict=False):
         for index, (name, records) in enumerate(runs.items()):
-            logged = [r[key] for r in records if r["split"] == "train" and r.get(key) is not None]
+            logged = [r[key] for r in records
+                      if r["split"] == "train" and r.get(key) is not None]
             if logged:
                 last = logged[-1]
-                ax.plot(np.arange(len(last)), last, marker="o", label=name, **line_style(index))
+                ax.plot(np.arange(len(last)), last, marker="o", label=name,
+                        **line_style(index))
         shown = np.concatenate([line.get_ydata() for line in ax.get_lines()] or [[]])
-        if scale == "log" and not (shown > 0).any():  # nan or 0 only (a diverged run): nothing to log
+        # nan or 0 only (a diverged run): nothing to log
+        if scale == "log" and not (shown > 0).any():
             scale = "linear"
         ax.set(title=title, xlabel="block", yscale=scale)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -55,6 +60,7 @@ def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
     legend.axis("off")
     legend.legend(*axes.flat[0].get_legend_handles_labels(), loc="center", fontsize=8)
     fig.tight_layout()
-    with replaced(path) as tmp:  # a link planted at path is replaced, never written through
+    # a link planted at path is replaced, never written through
+    with replaced(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
