@@ -128,7 +128,7 @@ def test_a_run_records_its_order_and_epochs_and_refuses_to_resume_an_older_order
     summary = train_in_process([*flags, "--max_steps", 3])
     windows = (summary["data"]["train"]["num_tokens"] - 1) // 32  # the tiny flags: 32-token windows
     assert summary["sampler"] == "epochs" and summary["epochs"] == pytest.approx(3 * 4 / windows)
-    state_file = out / "step-000003" / tp.STATE_FILE
+    state_file = out / "step-000003" / tp.checkpoint.STATE_FILE
     state = torch.load(state_file, weights_only=True)
     state["sampler"] = [{"rng": {}, "position": 12}]  # what an older version's random windows saved
     torch.save(state, state_file)
