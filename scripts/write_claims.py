@@ -163,7 +163,7 @@ def minutes_per_run() -> dict[int, float]:
     """Minutes one 760-step run trains on this study's CPU, by depth: the median of the committed
     760-step folder's runs at 8 layers, scaled by the model's training FLOPs per token for 24."""
     runs = [json.loads(p.read_text())
-            for p in (claims.RESULTS / "budget" / "adamw-760").glob("runs/*/summary.json")]
+            for p in sorted((claims.RESULTS / "budget" / "adamw-760").glob("runs/*/summary.json"))]
     at_8 = statistics.median(r["train_time_s"] for r in runs) / 60
     params = runs[0]["num_params"]
     embedding = 6400 * 128 + 128  # the tied embedding and the final norm: the same at every depth

@@ -29,10 +29,12 @@ RULE = (
     f"{MIN_SEEDS}, is below {ALPHA}; *closes*: n ≥ {MIN_SEEDS} and both one-sided tests against "
     f"±{CLOSE} nats give p < {ALPHA} (the {CONFIDENCE:.0%} CI lies inside ±{CLOSE}); *open* "
     "otherwise; *does not train*: no lr tried trains the variant on its tune seeds. A seed where "
-    "either side diverged or plateaued is a failure: counted (k of n failed), left out of Δ, and a "
-    "variant that failed on a seed is never called ahead or closing. A change of a gap from one "
-    "folder to another is Δ's difference seed by seed, by the same rule: *grows*, *shrinks*, *holds* "
-    "or *open*. A speed claim's Δ is the log of the ratio of step times, repeat by repeat, and "
+    "either side diverged or plateaued is a failure: counted (k of n failed) and left out of Δ, so n "
+    "counts the pairs where both trained; a side that failed on a seed is never called the better "
+    "one (a variant that failed: never ahead or closing; a baseline that failed: the variant never "
+    "behind). A change of a gap from one folder to another is the later Δ minus the earlier, seed by "
+    "seed, by the same rule: *grows* (above 0), *shrinks* (below 0), *holds* or *open*. A speed "
+    "claim's Δ is the log of the ratio of step times, repeat by repeat, and "
     f"±{CLOSE} is then ±{CLOSE:.0%} of the time."
 )
 TREND = {"behind": "grows", "ahead": "shrinks", "closes": "holds"}  # a gap's change, by RULE
@@ -130,21 +132,31 @@ def read_json(path: Path):
         raise ValueError(f"{path} is damaged ({err}); restore it from git") from None
 
 
-def side(folder: Path, variant: str) -> Side:
-    """The runs of a variant at the lr its folder chose (every run of it where the folder chose none,
-    or has no tuning.json). A claim's folder holds one depth."""
-    tuning = folder / "tuning.json"
-    records = read_json(tuning) if tuning.is_file() else []
-    record = next((t for t in records if t["variant"] == variant), None)
+def runs_of(folder: Path, variant: str) -> list[dict]:
+    """Every finished run of a variant in a study folder, each with out_dir where it is now."""
     runs = []
     for run_dir in sorted(p for p in (folder / "runs").glob("*") if p.is_dir()):
         if not (run_dir / "summary.json").is_file():
             raise ValueError(f"{run_dir} has no summary.json: an unfinished run (finish it, or delete "
                              "the folder)")
         run = read_json(run_dir / "summary.json") | {"out_dir": str(run_dir)}
-        chosen = record is None or record["chosen_lr"] in (None, run["args"]["learning_rate"])
-        if run["variant"] == variant and chosen:
+        if run["variant"] == variant:
             runs.append(run)
+    return runs
+
+
+def side(folder: Path, variant: str) -> Side:
+    """The runs of a variant at the lr its folder chose (every run of it where the folder chose none,
+    or trained it at one lr); none while runs at several lrs wait for a choice (no tuning.json yet).
+    A claim's folder holds one depth."""
+    tuning = folder / "tuning.json"
+    records = read_json(tuning) if tuning.is_file() else []
+    record = next((t for t in records if t["variant"] == variant), None)
+    runs = runs_of(folder, variant)
+    if record is None and len({r["args"]["learning_rate"] for r in runs}) > 1:
+        return Side(None, [])  # an lr grid still tuning: which lr counts is not decided
+    if record is not None and record["chosen_lr"] is not None:
+        runs = [r for r in runs if r["args"]["learning_rate"] == record["chosen_lr"]]
     if len({r["args"]["num_hidden_layers"] for r in runs}) > 1:
         raise ValueError(f"{folder}: {variant} trained at several depths; a claim's folder holds one")
     return Side(record, runs)
@@ -246,7 +258,8 @@ def compute(claim: dict, folder: str, results: Path = RESULTS) -> dict | None:
 
 def speed_row(claim: dict, folder: str, results: Path) -> dict | None:
     """A speed claim in one folder: folder/timings.json holds each variant's seconds per training step,
-    repeat by repeat, measured interleaved on one machine (extras/bench/bench_norms.py --steps)."""
+    repeat by repeat, measured interleaved on one machine (extras/bench/bench_train.py --norms
+    --timings)."""
     path = results / folder / "timings.json"
     if not path.is_file():
         return None
@@ -264,13 +277,15 @@ def speed_row(claim: dict, folder: str, results: Path) -> dict | None:
 
 def change(claim: dict, results: Path = RESULTS) -> dict:
     """A claim on how a gap changes from one folder to another (claim["change"]: [earlier, later]):
-    the later folder's val and train gaps minus the earlier one's, seed by seed; a failure at either
-    end is counted and leaves the change without a verdict."""
+    the later folder's val and train gaps minus the earlier one's, seed by seed; the failures at
+    either end are counted, each on its side, as in a folder's difference."""
     ends = [pairs(side(results / f, claim["variant"]), side(results / f, claim["baseline"]))
             for f in claim["change"]]
     before, after = (gaps(fresh) for fresh in ends)
     blocks = [cpu_blocks(fresh) for fresh in ends]
     failures = sum(failed(v) or failed(b) for fresh in ends for v, b in fresh)
+    variant_failed = sum(failed(v) for fresh in ends for v, _ in fresh)
+    baseline_failed = sum(failed(b) for fresh in ends for _, b in fresh)
     stats = {}
     for metric in ("val", "train"):
         seeds = sorted(before[metric].keys() & after[metric].keys())
@@ -278,7 +293,7 @@ def change(claim: dict, results: Path = RESULTS) -> dict:
                                       {s: (blocks[0][s], blocks[1][s]) for s in seeds})
     return {**claim, "folder": " → ".join(claim["change"]), "primary": True, **stats,
             "seeds": stats["val"].n, "failed": failures, "trains": True,
-            "variant_failed": failures, "baseline_failed": failures}
+            "variant_failed": variant_failed, "baseline_failed": baseline_failed}
 
 
 def not_run(claim: dict) -> dict:
@@ -321,7 +336,7 @@ def lr_check(folder: str, source: str, results: Path = RESULTS) -> list[dict]:
     when another lr beats it by more than CLOSE nats or failed."""
     checks = []
     for record in read_json(results / source / "tuning.json"):
-        runs = side(results / folder, record["variant"]).runs
+        runs = runs_of(results / folder, record["variant"])
         lrs = sorted({r["args"]["learning_rate"] for r in runs})
         points = [lr_tuning.grid_point(lr, [lr_tuning.Point(lr, r["val_loss"], not failed(r))
                                             for r in runs if r["args"]["learning_rate"] == lr])

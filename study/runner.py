@@ -15,8 +15,10 @@ import torch
 
 from common.cli import UserError
 from common.environment import usable_cores
-from data import load_tokenizer, prepare_split, tokenizer_fingerprint
+from data import load_tokenizer, prepare_split
+from data.token_stream import ORDER, tokenizer_fingerprint
 from study import lr_tuning
+from study.claims import batch_order
 from study.parallel import Worker, meet, train_in_parallel
 from study.variants import PLACEMENT_DEFAULTS
 from trainer.args import BOOKKEEPING, RunConfig, parse_args
@@ -58,14 +60,28 @@ def capped_min_lr(base, lr: float) -> float | None:
     return None if base.min_lr is None else min(base.min_lr, lr)
 
 
+def read_summary(path: Path) -> dict:
+    """A run's summary.json; a damaged one is a UserError naming it."""
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        raise UserError(f"{path} is damaged (cut short?); delete its run's folder to train the run "
+                        "again") from None
+
+
 def check_setting(base, study) -> None:
     """Refuse, in one line, a study whose folder holds runs of another setting, before anything
     trains: every run recorded there is checked, on the flags the study's runs share (not on one its
     record lacks, an older trainer's), then on the hashes of the data and tokenizer."""
     folder = Path(study.out_dir)
-    summaries = [json.loads(p.read_text()) for p in sorted(folder.glob("runs/*/summary.json"))]
+    summaries = [read_summary(p) for p in sorted(folder.glob("runs/*/summary.json"))]
     if not summaries:
         return
+    older = [s for s in summaries if batch_order(s) != ORDER]
+    if older and not study.report_only:  # a report of them alone mixes nothing
+        raise UserError(f"{folder} holds runs of an older version, which drew random windows: new runs "
+                        "read each window once per epoch and cannot be compared with them; use a new "
+                        "--out_dir (--report_only still reports the folder)")
     shared = {k: v for k, v in vars(base).items() if k not in (*BOOKKEEPING, *PER_RUN)}
     for summary in summaries:
         # the model's width: a record before the trainer resolved it holds null
@@ -90,7 +106,7 @@ def finished_run(base, study, *run) -> dict | None:
     out_dir = Path(study.out_dir) / "runs" / run_name(*run)
     if not (out_dir / "summary.json").exists():
         return None
-    summary = json.loads((out_dir / "summary.json").read_text())
+    summary = read_summary(out_dir / "summary.json")
     ranks = int(os.environ.get("WORLD_SIZE", "1"))  # what each run trains on: 1 with --parallel runs
     if summary["world_size"] != ranks:
         raise UserError(f"{out_dir} was trained on {summary['world_size']} data-parallel ranks, this study "

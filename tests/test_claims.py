@@ -158,8 +158,11 @@ def test_a_change_of_a_gap_between_two_folders_is_judged_seed_by_seed(tmp_path):
     assert holds["verdict"] == "holds" and grows["folder"] == "L8 → L24"
     study(tmp_path / "L24-failed", {s: 0.3 + 2 * e for s, e in noise.items()} | {7: 0.3}, failed={7})
     study(tmp_path / "L8-7", {s: 0.1 + e for s, e in noise.items()} | {7: 0.1})
+    # a seed where the variant failed is counted and left out; it blocks only a verdict in its favour
     failed = claims.compute_all(tmp_path, [claim | {"change": ["L8-7", "L24-failed"]}])[0]
-    assert failed["failed"] == 1 and failed["verdict"] == "open"
+    assert (failed["failed"], failed["seeds"], failed["verdict"]) == (1, 5, "grows")
+    shrinking = claims.compute_all(tmp_path, [claim | {"change": ["L24-failed", "L8-7"]}])[0]
+    assert shrinking["val"].mean < 0 and shrinking["verdict"] == "open"  # not *shrinks*: it failed
 
 
 def test_a_speed_claim_judges_the_log_ratio_of_interleaved_step_times(tmp_path):

@@ -10,9 +10,10 @@ or, with --norms, of MiniMind with each norm type (the speed claims of study/cla
 One step = forward + backward + AdamW step (the trainer's optimizer) on the same random batch for every row;
 both models hold identical weights and each mode gets its own copies ("compiled" is torch.compile, as the
 trainer's --compile). A row's first step is timed apart (for a compiled row, minus a steady step, it is the
-compile time); then rounds alternate over all rows so that a noisy machine slows them alike, and each row's
-figure is its median round. Ratio MiniMind / Llama per mode: > 1, MiniMind is faster. MFU where the device's
-peak is known (trainer/diagnostics.py). docs/performance.md has a run and its reading.
+compile time); then rounds alternate over all rows (every other round in reverse order) so that a noisy
+machine slows them alike, and each row's figure is its median round. Ratio MiniMind / Llama per mode:
+> 1, MiniMind is faster. MFU where the device's peak is known (trainer/diagnostics.py).
+docs/performance.md has a run and its reading.
 
 --norms puts MiniMind with each norm type (Pre-Norm) in the Llama row's place, all from one seed; --timings
 DIR writes each mode's seconds per step, round by round, to DIR/<mode>/timings.json, where
@@ -148,8 +149,10 @@ def main(argv: list[str] | None = None) -> None:
             step = make_step(run, opt, x, y, mixed_precision, name != "llama")
             print(f"first step: {name} {mode}", file=sys.stderr, flush=True)
             rows[name, mode] = {"step": step, "first_s": time_round(step, 1, device), "times": []}
-    for _ in tqdm(range(args.rounds), desc="rounds"):
-        for row in rows.values():
+    for round_index in tqdm(range(args.rounds), desc="rounds"):
+        # every other round in reverse: no row always runs first, or always after the same one
+        order = list(rows.values()) if round_index % 2 == 0 else list(reversed(rows.values()))
+        for row in order:
             row["times"].append(time_round(row["step"], args.steps, device))
 
     tokens = args.batch_size * args.seq_len
