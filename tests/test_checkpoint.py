@@ -122,6 +122,19 @@ def test_overwrite_deletes_only_what_the_run_wrote_and_only_once_it_can_start(ru
     assert (run_copy / ".lock").read_text().split()[-1] != run_id  # a new run, a new id
 
 
+def test_an_earlier_versions_run_folder_is_the_trainers_by_its_training_state(run_copy, run):
+    """Before .lock held an id, the trainer left it empty: such a folder is the trainer's when its step
+    folders hold the trainer's training state, and --overwrite starts over in it."""
+    (run_copy / ".lock").write_text("")
+    run(run_copy, "--max_steps", 2, "--overwrite")
+    assert steps(run_copy) == ["step-000002"]
+    assert (run_copy / ".lock").read_text().startswith("minimind-norm trainer run ")
+    (run_copy / ".lock").write_text("")
+    (run_copy / "step-000002" / "training_state.pt").unlink()  # nothing of the trainer's left
+    with pytest.raises(UserError, match=r"^--overwrite: .* is no run of this trainer"):
+        run(run_copy, "--max_steps", 2, "--overwrite")
+
+
 def test_a_lock_another_tool_wrote_or_a_link_is_not_the_trainers(tmp_path, run):
     """A folder holding another tool's .lock loses nothing to --overwrite; a .lock that is a dangling link is
     never followed out of the folder."""

@@ -82,7 +82,8 @@ def claim(out_dir: Path, resume: bool, overwrite: bool) -> int:
         os.close(fd)
         raise UserError(f"--out_dir {out_dir} is in use by another trainer; "
                         "wait for it, or choose another") from None
-    if problem := fresh_run_problem(out_dir, resume, overwrite, run_id(fd) is not None):
+    ours = run_id(fd) is not None or (existed and earlier_versions_run(out_dir, fd))
+    if problem := fresh_run_problem(out_dir, resume, overwrite, ours):
         if not existed:
             lock.unlink()  # a folder that is not a run's is left as it was
         os.close(fd)  # (a refused run in a process that trains again must not hold it)
@@ -95,6 +96,14 @@ def run_id(lock: int) -> str | None:
     (else another tool's, or an empty one)."""
     text = os.pread(lock, 200, 0).decode(errors="replace")
     return text.removeprefix(LOCK_MARK).strip() if text.startswith(LOCK_MARK) else None
+
+
+def earlier_versions_run(out_dir: Path, lock: int) -> bool:
+    """A run folder of a version before .lock held an id: its empty .lock beside step folders
+    that hold the trainer's own training state."""
+    if os.fstat(lock).st_size:
+        return False
+    return any((folder / STATE_FILE).is_file() for folder in step_folders(out_dir))
 
 
 def fresh_run_problem(out_dir: Path, resume: bool, overwrite: bool,
