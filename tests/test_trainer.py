@@ -199,7 +199,7 @@ seen, built = [], []
 draw = BatchSampler.__next__
 def spy(self):
     x, y = draw(self)
-    if not self.sequential:
+    if self.shuffle:  # training batches, not evaluation
         seen.append(x.tolist())
     return x, y
 BatchSampler.__next__ = spy
