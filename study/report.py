@@ -120,13 +120,18 @@ def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: st
 
 
 def study_cost(out: Path) -> str:
-    """How much training the study folder holds; how many runs a modified tree trained (no commit has it)."""
+    """How much training the study folder holds; how many runs a modified tree trained (no commit has it),
+    and how many recorded no answer (so none of them can show it came from a commit)."""
     runs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/summary.json"))]
     hours = sum(r["train_time_s"] for r in runs) / 3600
-    # a run that recorded no answer cannot show it came from a commit: it counts as modified
-    dirty = sum(r.get("environment", {}).get("git_dirty") is not False for r in runs)
-    return (f"The study folder holds {len(runs)} finished runs, {hours:.1f} hours of training (evaluation "
-            f"and start-up not counted); {dirty} of {len(runs)} runs were trained from a modified tree.")
+    answers = [r.get("environment", {}).get("git_dirty") for r in runs]
+    unrecorded = answers.count(None)
+    text = (f"The study folder holds {len(runs)} finished runs, {hours:.1f} hours of training (evaluation "
+            f"and start-up not counted); {answers.count(True)} of {len(runs)} runs were trained from a "
+            "modified tree")
+    if unrecorded:
+        text += f", and {unrecorded} recorded no commit"
+    return text + "."
 
 
 def grid_cell(runs: list[dict] | None) -> float | None:

@@ -406,6 +406,19 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
     assert json.loads((out / "tuning.json").read_text()) == tuning
 
 
+def test_study_cost_counts_modified_trees_apart_from_runs_that_recorded_no_commit(tmp_path):
+    answers = {"clean": {"git_dirty": False}, "modified": {"git_dirty": True}, "older": None}
+    for name, environment in answers.items():
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        summary = {"train_time_s": 1800.0} | ({"environment": environment} if environment else {})
+        (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(summary))
+    assert report.study_cost(tmp_path).endswith(
+        "1.5 hours of training (evaluation and start-up not counted); 1 of 3 runs were trained "
+        "from a modified tree, and 1 recorded no commit.")
+    shutil.rmtree(tmp_path / "runs" / "older")
+    assert report.study_cost(tmp_path).endswith("1 of 2 runs were trained from a modified tree.")
+
+
 def test_speed_columns_leave_out_runs_without_a_timed_step():
     """A one-step run's only step is its warm-up (timed apart as compile time), so it has no tokens/s."""
     run = {"diverged": False, "val_loss": 2.0, "val_bpb": 1.0, "norm_params": 10, "plateaued": False}
