@@ -72,7 +72,7 @@ def read_summary(path: Path) -> dict:
 def check_setting(base, study) -> None:
     """Refuse, in one line, a study whose folder holds runs of another setting, before anything
     trains: every run recorded there is checked, on the flags the study's runs share (not on one its
-    record lacks, an older trainer's), then on the hashes of the data and tokenizer."""
+    record lacks, an older trainer's), and on the hashes of the data and tokenizer."""
     folder = Path(study.out_dir)
     summaries = [read_summary(p) for p in sorted(folder.glob("runs/*/summary.json"))]
     if not summaries:
@@ -82,7 +82,14 @@ def check_setting(base, study) -> None:
         raise UserError(f"{folder} holds runs of an older version, which drew random windows: new runs "
                         "read each window once per epoch and cannot be compared with them; use a new "
                         "--out_dir (--report_only still reports the folder)")
-    shared = {k: v for k, v in vars(base).items() if k not in (*BOOKKEEPING, *PER_RUN)}
+    tokenizer, *splits = token_splits(base)  # as the trainer records them (train_pretrain.load_data)
+    data = {"tokenizer": tokenizer_fingerprint(tokenizer)} | {
+        s.split: {"num_tokens": s.num_tokens, "sha256": s.sha256} for s in splits}
+    same_data = all(summary.get("data", data) == data for summary in summaries)
+    # the same files under another spelling of their paths
+    # (./corpus.jsonl, an absolute path) are the same data
+    paths = ("data_path", "tokenizer_path") if same_data else ()
+    shared = {k: v for k, v in vars(base).items() if k not in (*BOOKKEEPING, *PER_RUN, *paths)}
     for summary in summaries:
         # the model's width: a record before the trainer resolved it holds null
         recorded = summary["args"] | {"hidden_size": summary["hidden_size"]}
@@ -92,10 +99,7 @@ def check_setting(base, study) -> None:
             now = " and ".join(str(expected[k]) for k in changed)
             raise UserError(f"{folder} holds runs trained with {was}, not {now}; use a new "
                             "--out_dir for a different setting")
-    tokenizer, *splits = token_splits(base)  # as the trainer records them (train_pretrain.load_data)
-    data = {"tokenizer": tokenizer_fingerprint(tokenizer)} | {
-        s.split: {"num_tokens": s.num_tokens, "sha256": s.sha256} for s in splits}
-    if any(summary.get("data", data) != data for summary in summaries):
+    if not same_data:
         raise UserError(f"{folder} holds runs trained on other data or tokenizer than --data_path and "
                         "--tokenizer_path give now; use a new --out_dir for a different setting")
 

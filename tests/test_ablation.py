@@ -179,6 +179,8 @@ def test_a_finished_run_is_reused_and_a_study_folder_holds_one_setting(study, tm
     summary["args"]["hidden_size"] = None
     (run / "summary.json").write_text(json.dumps(summary))
     study(*flags)
+    # the same file under another spelling of its path is the same data
+    study(*flags, "--data_path", f"{tmp_path}/./corpus.jsonl")
 
     def refusal(*more: str) -> str:
         """The one line that refuses the study's command with more flags (after the progress bars
@@ -199,7 +201,8 @@ def test_a_finished_run_is_reused_and_a_study_folder_holds_one_setting(study, tm
         f"error: {out} holds runs trained with --max_steps 2 and --grad_clip 1.0, not 3 and 0.5; "
         f"{setting}")
     other = tmp_path / "other.jsonl"
-    other.write_text(plays[: len(plays) // 2])
+    lines = plays.splitlines(keepends=True)
+    other.write_text("".join(lines[: len(lines) // 2]))
     assert refusal("--data_path", str(other)) == (f"error: {out} holds runs trained with --data_path "
                                                   f"{corpus}, not {other}; {setting}")
     corpus.write_text(plays.replace("Prospero", "Propsero"))  # the same --data_path, other text
