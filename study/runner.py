@@ -77,7 +77,7 @@ def check_setting(base, study) -> None:
     summaries = [read_summary(p) for p in sorted(folder.glob("runs/*/summary.json"))]
     if not summaries:
         return
-    older = [s for s in summaries if batch_order(s) != ORDER]
+    older = any(batch_order(s) != ORDER for s in summaries)
     if older and not study.report_only:  # a report of them alone mixes nothing
         raise UserError(f"{folder} holds runs of an older version, which drew random windows: new runs "
                         "read each window once per epoch and cannot be compared with them; use a new "

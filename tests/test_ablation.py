@@ -212,6 +212,12 @@ def test_a_finished_run_is_reused_and_a_study_folder_holds_one_setting(study, tm
     # batches of another number of data-parallel ranks
     (run / "summary.json").write_text(json.dumps(summary | {"world_size": 2}))
     assert refusal().startswith(f"error: {run} was trained on 2 data-parallel ranks, this study trains")
+    # a run of an older version (random windows): nothing trains beside it, its report still runs
+    assert summary.pop("sampler") == "epochs"
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert refusal().startswith(f"error: {out} holds runs of an older version, which drew random windows")
+    study(*flags, "--report_only")
+    summary["sampler"] = "epochs"
     (run / "summary.json").write_text(json.dumps(summary))
     # a finished run without its metrics is one error, not a crash
     report = (out / "results.md").read_text()
