@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.cli import UserError
 from study import lr_tuning
 from trainer.tracking import read_metrics
 
@@ -124,12 +125,13 @@ def failed(run: dict) -> bool:
     return bool(run["diverged"] or run.get("plateaued"))
 
 
-def read_json(path: Path):
-    """A study file's content; a damaged one is a ValueError naming it."""
+def read_json(path: Path, advice: str = "restore it from git"):
+    """A study file's content; a damaged one is one line naming it, with what to do (a committed
+    folder's file comes back from git, a live run's is trained again)."""
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is damaged ({err}); restore it from git") from None
+        raise UserError(f"{path} is damaged ({err}); {advice}") from None
 
 
 def runs_of(folder: Path, variant: str) -> list[dict]:

@@ -122,7 +122,7 @@ def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: st
 def study_cost(out: Path) -> str:
     """How much training the study folder holds; how many runs a modified tree trained (no commit has it),
     and how many recorded no answer (so none of them can show it came from a commit)."""
-    runs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/summary.json"))]
+    runs = [claims.read_json(p) for p in sorted((out / "runs").glob("*/summary.json"))]
     hours = sum(r["train_time_s"] for r in runs) / 3600
     answers = [r.get("environment", {}).get("git_dirty") for r in runs]
     unrecorded = answers.count(None)
@@ -146,14 +146,11 @@ def grid_cell(runs: list[dict] | None) -> float | None:
 
 def read_tuning(path: Path) -> list[dict]:
     """A study's tuning.json (its lr choices); a damaged one is a UserError naming it."""
-    try:
-        records = json.loads(path.read_text())
-    except ValueError:  # cut short
-        records = None
+    advice = "restore it from the study that wrote it"
+    records = claims.read_json(path, advice)
     fields = {"variant", "depth", "chosen_lr"}
     if not (isinstance(records, list) and all(isinstance(r, dict) and fields <= r.keys() for r in records)):
-        raise UserError(f"{path} is not a study's tuning.json (cut short, or another file); restore it "
-                        "from the study that wrote it")
+        raise UserError(f"{path} is not a study's tuning.json (another file?); {advice}")
     return records
 
 
@@ -175,6 +172,12 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
         chosen = {(t["variant"], t["depth"]) for t in tuning}
         tuning = [t for t in read_tuning(out / "tuning.json")
                   if (t["variant"], t["depth"]) not in chosen] + tuning
+    if tuning is not None:
+        write_atomically(out / "tuning.json", json.dumps(tuning, indent=1))
+    if not rows:  # --report_only before any variant finished its seeds: the lr choices alone
+        print(f"no variant has finished every seed the study asks for yet: no report of {out} written"
+              + (" (its lr choices are in tuning.json)" if tuning else ""))
+        return
     grid = tuning is None and len({key[2:] for key in groups}) > 1  # lrs or warmups side by side
     depths, seeds = {key[1] for key in groups}, sorted({r["seed"] for runs in groups.values() for r in runs})
     metrics = {key: [read_metrics(Path(r["out_dir"]) / "metrics.jsonl") for r in runs]
@@ -196,7 +199,6 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
             f"unigram model's ({unigram:.3f}) or no lower than its first.", ""]
     fair = ""
     if tuning is not None:
-        write_atomically(out / "tuning.json", json.dumps(tuning, indent=1))
         fair = fair_table(groups, tuning, study.baseline)
         if study.lr_from:
             source = next(iter(study.lr_from.values()))["lr_from"]

@@ -4,7 +4,6 @@ after another or side by side under torchrun."""
 
 import functools
 import io
-import json
 import math
 import os
 import sys
@@ -18,7 +17,7 @@ from common.environment import usable_cores
 from data import load_tokenizer, prepare_split
 from data.token_stream import ORDER, tokenizer_fingerprint
 from study import lr_tuning
-from study.claims import batch_order
+from study.claims import batch_order, read_json
 from study.parallel import Worker, meet, train_in_parallel
 from study.variants import PLACEMENT_DEFAULTS
 from trainer.args import BOOKKEEPING, RunConfig, parse_args
@@ -62,11 +61,7 @@ def capped_min_lr(base, lr: float) -> float | None:
 
 def read_summary(path: Path) -> dict:
     """A run's summary.json; a damaged one is a UserError naming it."""
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        raise UserError(f"{path} is damaged (cut short?); delete its run's folder to train the run "
-                        "again") from None
+    return read_json(path, advice="delete its run's folder to train the run again")
 
 
 def check_setting(base, study) -> None:

@@ -225,6 +225,10 @@ def test_a_finished_run_is_reused_and_a_study_folder_holds_one_setting(study, tm
     assert refusal() == (f"error: {run} is finished but its metrics.jsonl is missing; restore it, or "
                          "delete the run's folder to train it again")
     assert (out / "results.md").read_text() == report and (run / "summary.json").is_file()
+    # a summary cut short is one line naming it, with what to do
+    (run / "summary.json").write_text(json.dumps(summary)[:40])
+    assert refusal().startswith(f"error: {run / 'summary.json'} is damaged (")
+    assert refusal().endswith("; delete its run's folder to train the run again")
 
 
 def test_a_preset_study_trains_the_presets_shape_under_each_variants_norms(tmp_path, tiny_corpus,
@@ -438,8 +442,8 @@ def test_speed_columns_leave_out_runs_without_a_timed_step():
     assert "| — | — |" in results_table({("pre-rmsnorm", 2, 1e-3, 10): runs[:1]}, grid=False)
 
 
-def test_a_variant_that_trains_at_no_lr_grows_its_grid_both_ways_and_trains_no_other_seed(fake_runs, capsys,
-                                                                                          monkeypatch):
+def test_a_variant_that_trains_at_no_lr_grows_its_grid_both_ways_and_trains_no_other_seed(
+        fake_runs, capsys, monkeypatch, tmp_path):
     """The tuning loop on stand-in runs: every run of post-rmsnorm collapses, pre-rmsnorm's best is inside;
     its own grid (--tune_lr_for) is post-rmsnorm's start."""
     trained, collapsing = fake_runs
@@ -472,6 +476,13 @@ def test_a_variant_that_trains_at_no_lr_grows_its_grid_both_ways_and_trains_no_o
     plan = runner.train_study(study, base, Worker())
     assert list(plan.pending) == [("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0], 2)] and not plan.groups
     assert "--report_only: 1 runs the study asks for are not trained" in capsys.readouterr().out
+    # no variant has all its seeds: the report is the lr choices alone, no page of empty tables
+    study.out_dir = str(tmp_path)
+    report.report(study, plan.groups, plan.tuning)
+    assert ("no variant has finished every seed the study asks for yet: no report of "
+            f"{tmp_path} written (its lr choices are in tuning.json)") in capsys.readouterr().out
+    assert [t["chosen_lr"] for t in json.loads((tmp_path / "tuning.json").read_text())] == [2e-3, None]
+    assert not (tmp_path / "results.md").exists()
 
 
 def test_lr_from_trains_only_fresh_seeds_at_another_studys_choice(fake_runs, tmp_path):
@@ -495,9 +506,11 @@ def test_lr_from_trains_only_fresh_seeds_at_another_studys_choice(fake_runs, tmp
     by_file = ["--variants", "pre-rmsnorm", "--lr_from", str(tmp_path / "tuning.json")]
     study, _ = run_ablation.parse_args(by_file)
     assert study.lr_from[("pre-rmsnorm", 8)]["chosen_lr"] == 8e-3  # the file itself names the study too
-    (tmp_path / "tuning.json").write_text(json.dumps(records)[:40])
-    with pytest.raises(UserError, match="tuning.json is not a study's tuning.json"):
-        run_ablation.parse_args(["--variants", "pre-rmsnorm", "--lr_from", str(tmp_path)])
+    for text, problem in ((json.dumps(records)[:40], "is damaged"),
+                          ('{"a user\'s": "file"}', "is not a study's tuning.json")):
+        (tmp_path / "tuning.json").write_text(text)
+        with pytest.raises(UserError, match=f"tuning.json {problem}.*; restore it from the study that"):
+            run_ablation.parse_args(["--variants", "pre-rmsnorm", "--lr_from", str(tmp_path)])
 
 
 def test_a_study_of_many_variants_draws_no_two_lines_alike(tmp_path, monkeypatch):
