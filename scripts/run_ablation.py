@@ -16,8 +16,8 @@ earlier command's there. A study folder holds one setting: other shared flags or
 --tune_lr compares every variant at its own best peak lr: the tune seeds (the first two of --seeds) train at
 each grid point; the lowest mean final validation loss of an lr at which no tune seed diverged or plateaued
 wins (the grid grows past a winning edge, both ways when nothing trains); then the other seeds, fresh ones,
-train at that lr, and the report gives each variant's difference against --baseline on them, with its 95% CI
-and p (study/lr_tuning.py, docs/results/README.md). Under torchrun the ranks train whole runs side by side
+train at that lr, and the report gives each variant's difference against --baseline on them, with its 98% CI
+and p (study/claims.py, docs/results/README.md). Under torchrun the ranks train whole runs side by side
 (--parallel runs) or each run in turn across all ranks (--parallel data); rank 0 writes the report.
 --lr_from trains each variant at the lr another such study chose (its tuning.json), e.g. a longer rung at the
 lrs a shorter one chose: every seed not among that study's tune seeds is fresh.

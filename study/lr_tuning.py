@@ -1,6 +1,6 @@
 """The fair study's rules (scripts/run_ablation.py --tune_lr, docs/results/fair.md): which lr a variant trains
-best at, how wide its usable range is, and how it compares with a baseline seed by seed, from final validation
-losses."""
+best at and how wide its usable range is, from final validation losses; and Student's t, which the claims'
+rule (study/claims.py) uses."""
 
 import math
 import statistics
@@ -81,27 +81,3 @@ def t_critical(confidence: float, df: int) -> float:
         middle = (low + high) / 2
         low, high = (middle, high) if t_two_sided_p(middle, df) > 1 - confidence else (low, middle)
     return (low + high) / 2
-
-
-@dataclass(frozen=True)
-class Stats:
-    """A paired difference over n seeds: its mean, SD, 95% confidence interval and two-sided paired t-test p
-    (None where n < 2 leaves no spread to test against)."""
-    n: int
-    mean: float | None
-    sd: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    p: float | None = None
-
-
-def paired_stats(differences: dict[int, float]) -> Stats:
-    """mean ± t(0.975, n − 1) · sd / √n and the paired t-test (df = n − 1). Identical differences (sd = 0)
-    give p = 0 when their mean is not 0 (the t statistic is infinite), p = 1 when it is (nothing to test)."""
-    values = list(differences.values())
-    if len(values) < 2:
-        return Stats(len(values), values[0] if values else None)
-    mean, sd, n = statistics.mean(values), statistics.stdev(values), len(values)
-    half = t_critical(0.95, n - 1) * sd / math.sqrt(n)
-    p = t_two_sided_p(mean / (sd / math.sqrt(n)), n - 1) if sd else float(mean == 0)
-    return Stats(n, mean, sd, mean - half, mean + half, p)

@@ -1,5 +1,5 @@
 """The fair-study protocol's arithmetic on hand-made results: the lr choice, the grid's growth, the usable
-range, the paired differences' t-test (the runner's --tune_lr end to end is in test_ablation.py)."""
+range, Student's t (the runner's --tune_lr end to end is in test_ablation.py)."""
 
 import math
 
@@ -7,11 +7,9 @@ import pytest
 
 from study.lr_tuning import (
     Point,
-    Stats,
     choose_lr,
     edge_extension,
     grid_point,
-    paired_stats,
     t_critical,
     t_two_sided_p,
     usable_range,
@@ -82,14 +80,3 @@ def test_t_critical_values_match_the_printed_table(df):
 ])
 def test_two_sided_p_matches_known_values(t, df, p):
     assert t_two_sided_p(t, df) == pytest.approx(p, abs=1e-4)
-
-
-def test_paired_stats_on_a_hand_computed_example():
-    s = paired_stats({0: 0.1, 1: 0.2, 2: 0.3})  # t = 0.2 / (0.1 / √3) = 3.464, df 2
-    assert (s.n, s.mean, s.sd) == (3, pytest.approx(0.2), pytest.approx(0.1))
-    assert s.p == pytest.approx(1 - 3.4641 / math.sqrt(2 + 3.4641 ** 2), abs=1e-4)  # df 2's closed form
-    assert s.p == pytest.approx(0.0742, abs=1e-4)
-    assert (s.ci_low, s.ci_high) == (pytest.approx(-0.0484, abs=1e-4), pytest.approx(0.4484, abs=1e-4))
-    # below 2 seeds no CI and no p; identical differences: p 0 (or 1 when they are all 0)
-    assert paired_stats({3: -0.5}) == Stats(1, -0.5) and paired_stats({}) == Stats(0, None)
-    assert paired_stats({0: 0.1, 1: 0.1}).p == 0.0 and paired_stats({0: 0.0, 1: 0.0}).p == 1.0
