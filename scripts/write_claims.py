@@ -33,7 +33,6 @@ LR_CHECK = ("Tune seeds 0 and 1 at 1,600 steps: the 400-step lr *moves* when it 
 # The budget folders' notes: their runs drew random windows (an epoch there is nominal), and their
 # lr was chosen at 400 steps, which the lr check tests at 1,600
 LR_FROM_400 = ("budget/adamw-760", "budget/adamw-1600")
-BASELINE = "pre-rmsnorm"
 
 
 def verdict_cell(row: dict) -> str:
