@@ -38,6 +38,8 @@ LR_FROM_400 = ("budget/adamw-760", "budget/adamw-1600")
 def verdict_cell(row: dict) -> str:
     if row.get("not_run"):
         return "not run yet"
+    if row["verdict"] == "interim":
+        return f"interim ({row['seeds']} of {row['planned']} seeds)"
     return "—" if row["verdict"] is None else f"**{row['verdict']}**"
 
 
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     for path, text in files.items():
         write_atomically(path, text)
     plot_forest(rows, claims.RESULTS / "claims.png")
-    print(f"{sum(r['verdict'] is not None for r in rows)} verdicts; wrote "
+    print(f"{sum(r['verdict'] not in (None, 'interim') for r in rows)} verdicts; wrote "
           f"{', '.join(str(path) for path in [*files, claims.RESULTS / 'claims.png'])}")
 
 

@@ -2,7 +2,8 @@
 
 The claims are data (study/claims.json): for each, the variant, the baseline it is compared with, the
 study folders that test it, the one among them whose result is the claim's verdict (its primary
-folder), and the outcome its authors expect. A difference is taken in one folder at a time, on the
+folder), the outcome its authors expect and, for a study still training, the fresh seeds its read-out
+planned. A difference is taken in one folder at a time, on the
 fresh seeds (those that took no part in choosing either side's lr); RULE below turns the primary
 folders' differences into verdicts, and nothing else states one.
 """
@@ -36,7 +37,8 @@ RULE = (
     "behind). A change of a gap from one folder to another is the later Δ minus the earlier, seed by "
     "seed, by the same rule: *grows* (above 0), *shrinks* (below 0), *holds* or *open*. A speed "
     "claim's Δ is the log of the ratio of step times, repeat by repeat, and "
-    f"±{CLOSE} is then ±{CLOSE:.0%} of the time."
+    f"±{CLOSE} is then ±{CLOSE:.0%} of the time. A claim whose read-out planned n is *interim* "
+    "until its primary folder holds n fresh seeds: no verdict, and no part in Holm's adjustment."
 )
 TREND = {"behind": "grows", "ahead": "shrinks", "closes": "holds"}  # a gap's change, by RULE
 # What a run's record says of its batch order; runs before the order was recorded drew random windows
@@ -306,7 +308,8 @@ def not_run(claim: dict) -> dict:
 
 def compute_all(results: Path = RESULTS, claims: list[dict] | None = None) -> list[dict]:
     """Every claim of claims.json in every folder it names that has runs, each row with its verdict:
-    the primary rows' by RULE (Holm over those with n ≥ MIN_SEEDS), None for the others."""
+    the primary rows' by RULE (Holm over those with n ≥ MIN_SEEDS and their planned seeds), None for
+    the others."""
     rows = []
     for claim in json.loads(CLAIMS.read_text()) if claims is None else claims:
         if "change" in claim:
@@ -317,7 +320,10 @@ def compute_all(results: Path = RESULTS, claims: list[dict] | None = None) -> li
         if computed[0] is None:  # its primary folder, listed first, holds no runs yet
             computed[0] = not_run(claim)
         rows += [row for row in computed if row is not None]
-    tested = [r for r in rows if r["primary"] and r["val"].n >= MIN_SEEDS and r["val"].p is not None]
+    for row in rows:
+        row["interim"] = row["primary"] and row["seeds"] < row.get("planned", 0)
+    tested = [r for r in rows if r["primary"] and not r["interim"] and r["val"].n >= MIN_SEEDS
+              and r["val"].p is not None]
     adjusted = dict(zip(map(id, tested), holm([r["val"].p for r in tested]), strict=True))
     for row in rows:
         row["p_holm"] = adjusted.get(id(row))
@@ -326,6 +332,9 @@ def compute_all(results: Path = RESULTS, claims: list[dict] | None = None) -> li
             continue
         if not row["trains"]:
             row["verdict"] = "does not train"
+            continue
+        if row["interim"]:
+            row["verdict"] = "interim"
             continue
         word = verdict(row["val"], row["p_holm"], row["variant_failed"], row["baseline_failed"])
         row["verdict"] = TREND.get(word, word) if "change" in row else word

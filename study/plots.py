@@ -154,7 +154,7 @@ def plot_lr_sensitivity(tuning: list[dict], path: Path, title: str = "") -> None
 
 VERDICT_COLOURS = {"behind": "tab:red", "ahead": "tab:green", "closes": "tab:blue", "grows": "tab:red",
                    "shrinks": "tab:green", "holds": "tab:blue", "open": "tab:gray",
-                   "does not train": "black"}
+                   "does not train": "black", "interim": "tab:olive"}
 
 
 def plot_forest(rows: list[dict], path: Path) -> None:

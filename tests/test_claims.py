@@ -103,6 +103,32 @@ def test_holm_adjusts_each_p_over_every_primary_test_and_a_non_primary_folder_gi
     assert claims.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
 
 
+def test_a_claim_is_interim_until_its_planned_seeds_are_in_and_holm_leaves_it_out(tmp_path):
+    """A read-out's planned n: below it the row shows its statistics, no verdict and no Holm p, and
+    the other primary tests are adjusted as if it were not there; at it, the rule speaks."""
+    study(tmp_path / "results" / "landing", GAPS)
+    study(tmp_path / "results" / "done", GAPS)
+    folders = [tmp_path / "results" / name for name in ("landing", "done")]
+
+    def rows(planned: int) -> list[dict]:
+        claim_list = [post_claim(folders[0], "landing") | {"planned": planned}, post_claim(folders[1])]
+        return claims.compute_all(tmp_path / "results", claim_list)
+    landing, done = rows(planned=6)
+    assert landing["verdict"] == "interim" and landing["p_holm"] is None and landing["val"].p < 0.01
+    assert done["verdict"] == "behind" and done["p_holm"] == done["val"].p  # a family of one
+    landing, done = rows(planned=5)
+    assert landing["verdict"] == done["verdict"] == "behind"
+    assert done["p_holm"] == pytest.approx(2 * min(landing["val"].p, done["val"].p))
+    assert write_claims.verdict_cell(rows(planned=8)[0]) == "interim (5 of 8 seeds)"
+
+
+def test_each_planned_n_is_the_power_tables_where_a_pilot_gives_one():
+    all_claims = json.loads(claims.CLAIMS.read_text())
+    table = {row[0]: int(row[6]) for row in write_claims.power_rows(all_claims, {8: 1.0, 24: 1.0})}
+    planned = {c["claim"]: c.get("planned") for c in all_claims if c["claim"] in table}
+    assert planned == table and len(table) == 4
+
+
 def test_a_gap_closes_when_both_one_sided_tests_pass_at_001_on_five_seeds(tmp_path):
     level = study(tmp_path / "level", {2: 0.001, 3: -0.002, 4: 0.0, 5: 0.002, 6: -0.001})
     assert level["verdict"] == "closes" and level["val"].p_close < 0.01
