@@ -39,9 +39,10 @@ from common.cli import (
     ArgumentParser,
     UserError,
     count,
-    finite_float,
     non_negative,
+    positive_float,
     positive_int,
+    probability,
     run_cli,
 )
 from data import (
@@ -135,29 +136,32 @@ def variant_of(config) -> str:
 def encode_prompt(tokenizer, prompt: str, context: int,
                   max_new_tokens: int) -> torch.Tensor:
     """[1, n] ids: bos then the prompt,
-    cut from the left so that n + max_new_tokens fits the context."""
+    the prompt cut from the left so that n + max_new_tokens fits the context."""
     limit = context - max_new_tokens
     if limit < 1:
         raise UserError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt "
                         f"in the model's context of {context} tokens")
     ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt, add_special_tokens=False)
     if len(ids) > limit:
-        print(f"warning: prompt of {len(ids)} tokens cut to its last {limit}: "
-              f"the model's context is {context} tokens "
+        print(f"warning: prompt of {len(ids) - 1} tokens cut to its last {limit - 1}: "
+              f"the model's context is {context} tokens, one is bos "
               f"and {max_new_tokens} are kept for --max_new_tokens", file=sys.stderr)
-        ids = ids[-limit:]
+        ids = ids[:1] + ids[len(ids) - (limit - 1):]
     return torch.tensor([ids])
 
 
 @torch.no_grad()
 def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(),
                   stream: bool = False) -> str:
-    """The continuation of prompt, printed as it is produced when stream is set.
+    """The continuation of prompt, printed after the prompt as it is produced when stream
+    is set.
     The seed is set for every prompt, so a continuation does not depend on earlier ones
     and several checkpoints draw the same random numbers."""
     ids = encode_prompt(tokenizer, prompt, lm.config.max_position_embeddings,
                         sampling.max_new_tokens)
     ids = ids.to(lm.device)
+    if stream:  # once the prompt is known to fit: an error or warning comes before it
+        print(prompt, end="", flush=True)
     options = {"max_new_tokens": sampling.max_new_tokens,
                "repetition_penalty": sampling.repetition_penalty,
                "do_sample": sampling.temperature > 0,
@@ -291,11 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
                      default=Sampling.max_new_tokens, help="tokens to generate")
     gen.add_argument("--temperature", type=non_negative, default=Sampling.temperature,
                      help="0 = greedy")
-    gen.add_argument("--top_p", type=finite_float, default=Sampling.top_p,
+    gen.add_argument("--top_p", type=probability, default=Sampling.top_p,
                      help="nucleus sampling (1 = off)")
     gen.add_argument("--top_k", type=count, default=Sampling.top_k,
                      help="the k likeliest tokens only (0 = off)")
-    gen.add_argument("--repetition_penalty", type=finite_float,
+    gen.add_argument("--repetition_penalty", type=positive_float,
                      default=Sampling.repetition_penalty,
                      help="divide the logits of tokens already present "
                           "by this (1 = off)")
@@ -366,8 +370,7 @@ def main(argv=None) -> None:
     prompts = args.prompt or (read_prompts() if sys.stdin and sys.stdin.isatty()
                               else DEFAULT_PROMPTS)
     for prompt in prompts:
-        print(prompt, end="", flush=True)
-        # the streamer ends the line
+        # the prompt, then its continuation (the streamer ends the line)
         generate_text(lm, tokenizer, prompt, sampling, stream=True)
         print()
 

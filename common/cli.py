@@ -53,6 +53,19 @@ def non_negative(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    if (value := non_negative(text)) == 0:
+        raise ValueError(text)
+    return value
+
+
+def probability(text: str) -> float:
+    """A share in (0, 1]: top-p sampling's nucleus."""
+    if (value := positive_float(text)) > 1:
+        raise ValueError(text)
+    return value
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with one-line errors (a UserError, not usage text) and HelpFormatter."""
 

@@ -168,7 +168,8 @@ class BatchSampler:
     def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int = 0,
                  rank: int = 0, world_size: int = 1, shuffle: bool = True):
         if len(tokens) < seq_len + 1:
-            raise UserError(f"the split has {len(tokens)} tokens, "
+            split = "training" if shuffle else "validation"  # evaluation reads the validation split
+            raise UserError(f"the {split} split has {len(tokens)} tokens, "
                             f"fewer than seq_len + 1 = {seq_len + 1}; "
                             "use a shorter sequence length or more data")
         self.tokens = tokens

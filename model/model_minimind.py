@@ -208,10 +208,18 @@ def with_implied(values: dict) -> SimpleNamespace:
     return c
 
 
-def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str) -> str | None:
+def without_norms(c: SimpleNamespace) -> list[tuple]:
+    """What the blocks' plans do besides placing norms: DeepNorm's skip and init scales,
+    ReZero's learnable scale."""
+    return [(p.skip_scale, p.init_scale, p.residual_scale) for p in layer_plans(c)]
+
+
+def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str,
+                   training: bool = False) -> str | None:
     """Why these switch values (with_implied's) make no model,
     in one line naming each field through `name` (the trainer passes its flags' names),
-    or None when they do."""
+    or None when they do. With `training`, also a model another placement's name
+    already gives (a checkpoint saved under such a name still loads)."""
     for s in SWITCHES:
         value = getattr(c, s.name)
         if s.choices and value not in s.choices:
@@ -237,12 +245,22 @@ def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str) -> str 
         return (f"{name('norm_position')} {c.norm_position} (HybridNorm) "
                 "normalizes q, k and v per head: "
                 f"leave {name('qk_norm')} and {name('v_norm')} unset, or head")
+    if c.norm_type == "none" and c.norm_position in QKV_PLACEMENTS:
+        return (f"{name('norm_position')} {c.norm_position} normalizes q, k and v, "
+                f"but {name('norm_type')} is none")
     adding = [f for f, on in (("qk_norm", c.qk_norm != "none"),
                               ("v_norm", c.v_norm != "none"),
                               ("sub_norm", c.sub_norm),
                               ("embed_norm", c.embed_norm == "norm")) if on]
     if adding and c.norm_type == "none":
         return f"{name(adding[0])} adds norms, but {name('norm_type')} is none"
+    # a placement that only places norms builds Pre-Norm's model when there are none:
+    # refused, so that no study trains (and labels) the same model twice
+    pre = SimpleNamespace(**vars(c) | {"norm_position": "pre"})
+    if (training and c.norm_type == "none" and c.norm_position != "pre"
+            and c.norm_scaling == "none" and without_norms(c) == without_norms(pre)):
+        return (f"{name('norm_position')} {c.norm_position} with {name('norm_type')} none "
+                f"is the model of {name('norm_position')} pre: use pre")
     if c.norm_gain != "w" and not NORM_TYPES[c.norm_type].gain:
         return (f"{name('norm_gain')} {c.norm_gain} needs a gain, "
                 f"which {name('norm_type')} {c.norm_type} has not")

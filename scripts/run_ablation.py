@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.cli import ArgumentParser, UserError, count, non_negative, positive_int, run_cli
+from common.cli import ArgumentParser, UserError, count, positive_float, positive_int, run_cli
 from study.parallel import Worker
 from study.report import read_tuning, report
 from study.runner import StudyInterrupted, check_setting, own_share, tokenize_once, train_study
@@ -40,12 +40,6 @@ from trainer import args as trainer_args
 # Flags each run gets from the study, so passing them as trainer flags would be ignored or contradictory.
 SET_PER_RUN = ("--seed", "--resume", "--overwrite", "--variant", "--mix_ln_fraction",
                *(f"--{name}" for name in ("norm", "norm_type", *PLACEMENT_DEFAULTS)))
-
-
-def positive_float(text: str) -> float:
-    if (value := non_negative(text)) == 0:
-        raise ValueError(text)
-    return value
 
 
 def variant_grid(text: str) -> tuple[str, list[float]]:

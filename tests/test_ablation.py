@@ -84,8 +84,10 @@ def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
     (["--variant", "post-rmsnorm"], "are set per run by the study"),
     (["--mix_ln_fraction", "0.5"], "are set per run by the study"),  # mix0.5-rmsnorm
     (["--depths", "8", "0"], "argument --depths: invalid positive_int value: '0'"),
-    (["--variants", "pre-rmsnorm", "hybrid-none"], "error: variant 'hybrid-none' makes no model (qk_norm "
-     "adds norms, but norm_type is none)"),
+    (["--variants", "pre-rmsnorm", "hybrid-none"], "error: variant 'hybrid-none' makes no model "
+     "(norm_position hybrid normalizes q, k and v, but norm_type is none)"),
+    (["--variants", "pre-none", "post-none"], "error: variant 'post-none' makes no model (norm_position post "
+     "with norm_type none is the model of norm_position pre: use pre)"),
     (["--seeds", "0", "-1"], "argument --seeds: invalid count value: '-1'"),
     (["--tune_lr", "1e-3", "2e-3", "--learning_rates", "1e-3"], "drop --learning_rates"),
     (["--tune_lr", "1e-3", "2e-3", "--warmup_steps", "0", "10"], "give one --warmup_steps"),
@@ -106,13 +108,19 @@ def test_study_flags_are_completed_from_the_trainers_and_all_is_every_variant_th
     assert set(NORM_POSITIONS) <= set(PLACEMENTS) | {"rezero"}
     assert len(VARIANTS) == len(PLACEMENTS) * len(NORM_TYPES) + len(NAMED)
     study, _ = run_ablation.parse_args(["--variants", "all", "--seeds", "0", str(2**40)])
-    # norms of no type where the placement adds norms, a (1 + w) gain on a norm with no gain: no model
+    # norms of no type where the placement adds norms, or where it only places norms (Pre-Norm's model
+    # again: DeepNorm's scales, ReZero's and LayerNorm Scaling's stay), a (1 + w) gain on a norm with no
+    # gain: no model
     fields = {name: variant_fields(name) for name in VARIANTS}
+    only_places = ("post", "peri", "reorder", "mix")
     invalid = [name for name, f in fields.items()
                if f["norm_type"] == "none" and ((f["qk_norm"], f["v_norm"]) != ("none", "none")
-                                                or f["sub_norm"] or f["embed_norm"] == "norm")
+                                                or f["sub_norm"] or f["embed_norm"] == "norm"
+                                                or f["norm_position"] in only_places
+                                                and f["norm_scaling"] == "none")
                or f["norm_gain"] != "w" and not NORM_TYPES[f["norm_type"]].gain]
     assert invalid == [name for name in VARIANTS if variant_problem(name)] and "hybrid-none" in invalid
+    assert "post-none" in invalid and "deepnorm-none" not in invalid and "mix+depth-none" not in invalid
     assert study.variants == [v for v in VARIANTS if v not in invalid] and "pre-none" in study.variants
     assert study.seeds == [0, 2**40]
     study, _ = run_ablation.parse_args(["--variants", "post-rmsnorm", "--tune_lr", "4e-3", "1e-3", "4e-3"])

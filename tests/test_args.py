@@ -96,6 +96,10 @@ def test_a_bad_value_is_argparses_one_line(flags, message):
     (["--norm_position", "post", "--norm_scaling", "depth"],
      "--norm_scaling scales Pre-Norm blocks' input norms: use --norm_position pre or mix"),
     (["--norm", "none", "--qk_norm", "head"], "--qk_norm adds norms, but --norm is none"),
+    (["--norm", "none", "--norm_position", "hybrid"],
+     "--norm_position hybrid normalizes q, k and v, but --norm is none"),
+    (["--norm", "none", "--norm_position", "peri"],
+     "--norm_position peri with --norm none is the model of --norm_position pre: use pre"),
     (["--logit_softcap", "-1"], "--logit_softcap must be a finite number >= 0, got -1.0"),
     (["--dyt_alpha_init", "0"], "--dyt_alpha_init must be > 0, got 0.0"),
 ])

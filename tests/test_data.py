@@ -227,7 +227,9 @@ def test_sequential_windows_interleave_ranks_and_wrap():
     ranks = [BatchSampler(tokens, 1, 10, rank=r, world_size=2, shuffle=False) for r in (0, 1)]
     starts = [[next(s)[0][0, 0].item() for _ in range(3)] for s in ranks]
     assert starts == [[0, 20, 0], [10, 30, 10]]
-    with pytest.raises(UserError, match="fewer than seq_len"):  # not even one window
+    with pytest.raises(UserError, match="^the validation split has 41 tokens, fewer than seq_len"):
+        BatchSampler(tokens, 1, 41, shuffle=False)  # not even one window
+    with pytest.raises(UserError, match="^the training split has 41 tokens"):
         BatchSampler(tokens, 1, 41)
 
 

@@ -80,8 +80,11 @@ def test_long_prompt_is_cut_from_the_left(tiny_tokenizer, capsys):
     assert len(ids) > 16
     text = generate_text(lm, tiny_tokenizer, prompt, Sampling(temperature=0, max_new_tokens=8))
     warnings = capsys.readouterr().err.splitlines()
-    assert len(warnings) == 1 and warnings[0].startswith("warning: prompt of") and "last 16" in warnings[0]
-    assert text == greedy_by_generate(lm, ids[-16:], 8, tiny_tokenizer)
+    cut = (f"warning: prompt of {len(ids) - 1} tokens cut to its last 15: the model's context is 24 "
+           "tokens, one is bos")
+    assert len(warnings) == 1 and warnings[0].startswith(cut)
+    # bos, then the prompt's end
+    assert text == greedy_by_generate(lm, ids[:1] + ids[-15:], 8, tiny_tokenizer)
     with pytest.raises(UserError, match="no room for a prompt"):
         generate_text(lm, tiny_tokenizer, prompt, Sampling(temperature=0, max_new_tokens=24))
 
@@ -159,11 +162,15 @@ def test_compare_uses_one_seed_and_leaves_out_a_run_without_a_checkpoint(trained
 @pytest.mark.parametrize("flags, message", [
     (["--temperature=-1"], "argument --temperature: invalid non_negative value: '-1' (see --help)"),
     (["--temperature", "nan"], "argument --temperature: invalid non_negative value: 'nan' (see --help)"),
-    (["--top_p", "nan"], "argument --top_p: invalid finite_float value: 'nan' (see --help)"),
+    (["--top_p", "nan"], "argument --top_p: invalid probability value: 'nan' (see --help)"),
+    (["--top_p", "2"], "argument --top_p: invalid probability value: '2' (see --help)"),
+    (["--top_p", "0"], "argument --top_p: invalid probability value: '0' (see --help)"),
     (["--top_k=-2"], "argument --top_k: invalid count value: '-2' (see --help)"),
     (["--top_k", "2.5"], "argument --top_k: invalid count value: '2.5' (see --help)"),  # transformers: ints
     (["--repetition_penalty", "inf"],
-     "argument --repetition_penalty: invalid finite_float value: 'inf' (see --help)"),
+     "argument --repetition_penalty: invalid positive_float value: 'inf' (see --help)"),
+    (["--repetition_penalty", "0"],  # transformers' generate raises on it, deep in a traceback
+     "argument --repetition_penalty: invalid positive_float value: '0' (see --help)"),
     (["--max_new_tokens", "0"], "argument --max_new_tokens: invalid positive_int value: '0' (see --help)"),
     (["--eval_batches", "0"], "argument --eval_batches: invalid positive_int value: '0' (see --help)"),
     (["--seq_len=-3"], "argument --seq_len: invalid positive_int value: '-3' (see --help)"),
@@ -175,7 +182,8 @@ def test_a_bad_flag_is_refused_in_one_line(flags, message):
     assert str(err.value) == message
 
 
-@pytest.mark.parametrize("case", ["missing", "no weights", "tokenizer too big", "tokenizer too small"])
+@pytest.mark.parametrize("case", ["missing", "no weights", "tokenizer too big", "tokenizer too small",
+                                  "no room"])
 def test_bad_input_is_one_error_line(case, trained_run, tiny_tokenizer_dir, tmp_path, capsys):
     """A tokenizer of another size than the vocabulary is the wrong one (the trainer sizes them alike)."""
     MiniMindConfig(**TINY).save_pretrained(tmp_path / "weightless")
@@ -189,6 +197,8 @@ def test_bad_input_is_one_error_line(case, trained_run, tiny_tokenizer_dir, tmp_
                               "vocabulary has 400"),
         "tokenizer too small": (["--model_path", tmp_path / "vocab512", "--tokenizer_path",
                                  tiny_tokenizer_dir], "has 400 tokens but the model's vocabulary has 512"),
+        # the default --max_new_tokens (100) in a 32-token context: refused before the prompt is echoed
+        "no room": (["--model_path", trained_run], "--max_new_tokens 100 leaves no room for a prompt"),
     }[case]
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:

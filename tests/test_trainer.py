@@ -75,6 +75,14 @@ def test_a_run_prints_each_evaluation_and_ends_in_one_line_saying_what_to_run_ne
     evaluate = eval_llm.parse_args(command[2:])
     assert evaluate.model_path == str(out)
     assert evaluate.eval_data == tiny_flags[tiny_flags.index("--data_path") + 1]
+    # ... with the corpus's text field where it is not "text" (eval_llm reads the field it is told)
+    corpus = Path(evaluate.eval_data).read_text().splitlines()
+    content = tmp_path / "content.jsonl"
+    content.write_text("".join(json.dumps({"content": json.loads(line)["text"]}) + "\n" for line in corpus))
+    train_in_process([*tiny_flags, "--data_path", content, "--text_field", "content", "--out_dir",
+                      tmp_path / "content", "--max_steps", 1])
+    command = shlex.split(capsys.readouterr().out.strip().splitlines()[-1].split(" | next: ")[1])
+    assert eval_llm.parse_args(command[2:]).text_field == "content"
 
 
 def test_metrics_keep_per_layer_arrays_to_five_digits_and_every_scalar_exact(trained_run):

@@ -222,7 +222,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     values["diag_interval"] = values["diag_interval"] or values["log_interval"]
     switches = with_implied({s.name: values[s.flag_name] for s in SWITCHES})
     if problem := config_problem(
-            switches, name={s.name: f"--{s.flag_name}" for s in SWITCHES}.get):
+            switches, name={s.name: f"--{s.flag_name}" for s in SWITCHES}.get, training=True):
         raise UserError(problem)
     for switch in SWITCHES:  # what the placement implies (HybridNorm's q, k and v norms)
         if values[switch.flag_name] is None:

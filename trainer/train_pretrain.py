@@ -582,13 +582,17 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     val = (f"val loss {last_val['loss']:.3f}, {last_val['bpb']:.3f} bits/byte"
            if last_val else "no evaluation")
     data = f" {shlex.quote(args.data_path)}" if args.data_path else ""
+    if args.text_field != "text":  # eval_llm reads the field it is told, not the run's
+        data += f" --text_field {shlex.quote(args.text_field)}"
     then = ("the same command with --resume continues it" if state.interrupted
             else f"python eval_llm.py --model_path {shlex.quote(str(job.out_dir))} "
                  f"--eval_data{data}")
+    # no speed before the first timed window (the first steps warm up, or compile)
+    speed = f"{tokens_per_s:,.0f} tokens/s, " if tokens_per_s else ""
     elapsed = job.elapsed()
     print(f"{'stopped' if state.interrupted else 'done'}: "
           f"step {state.step}/{args.max_steps}, {val}, "
-          f"{tokens_per_s or 0:,.0f} tokens/s, {elapsed} | {where} | next: {then}")
+          f"{speed}{elapsed} | {where} | next: {then}")
     return summary
 
 
