@@ -172,18 +172,14 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
         chosen = {(t["variant"], t["depth"]) for t in tuning}
         tuning = [t for t in read_tuning(out / "tuning.json")
                   if (t["variant"], t["depth"]) not in chosen] + tuning
-    if tuning is not None:
-        write_atomically(out / "tuning.json", json.dumps(tuning, indent=1))
-    if not rows:  # --report_only before any variant finished its seeds: the lr choices alone
-        print(f"no variant has finished every seed the study asks for yet: no report of {out} written"
-              + (" (its lr choices are in tuning.json)" if tuning else ""))
-        return
     grid = tuning is None and len({key[2:] for key in groups}) > 1  # lrs or warmups side by side
     depths, seeds = {key[1] for key in groups}, sorted({r["seed"] for runs in groups.values() for r in runs})
     metrics = {key: [read_metrics(Path(r["out_dir"]) / "metrics.jsonl") for r in runs]
                for key, runs in groups.items()}
     # the same for every run: the smoothed token frequencies of the study's data (trainer/evaluation.py)
-    unigram = next((r["unigram_loss"] for runs in groups.values() for r in runs), math.nan)
+    # (none before a group finishes: a tuned study whose seeds so far all chose lrs)
+    unigram = next((r["unigram_loss"] for runs in groups.values() for r in runs), None)
+    unigram_loss = "" if unigram is None else f" ({unigram:.3f})"
 
     def label(variant, depth, lr, warmup, with_depth=True):
         return " ".join([variant, *([f"L{depth}"] if with_depth and len(depths) > 1 else []),
@@ -193,12 +189,14 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
     plot_layer_profiles({label(*k): m[0] for k, m in metrics.items()
                          if any(r["split"] == "train" for r in m[0])}, out / "layers.png")
     text = ["# Normalization ablation", "", describe(environment()) + " Each run's is in results.json.", "",
-            f"Seeds: {seeds}. Values are mean ± SD over seeds of the final validation loss; a "
-            "diverged or plateaued run (docs/training.md) is counted in its column, not averaged. A "
-            f"run plateaued when its final validation loss is within {evaluation.PLATEAU_MARGIN} nats of a "
-            f"unigram model's ({unigram:.3f}) or no lower than its first.", ""]
+            f"Seeds: {seeds or 'none finished yet'}. Values are mean ± SD over seeds of "
+            "the final validation loss; a diverged or plateaued run (docs/training.md) is counted in its "
+            "column, not averaged. A run plateaued when its final validation loss is within "
+            f"{evaluation.PLATEAU_MARGIN} nats of a unigram model's{unigram_loss} or no lower than "
+            "its first.", ""]
     fair = ""
     if tuning is not None:
+        write_atomically(out / "tuning.json", json.dumps(tuning, indent=1))
         fair = fair_table(groups, tuning, study.baseline)
         if study.lr_from:
             source = next(iter(study.lr_from.values()))["lr_from"]

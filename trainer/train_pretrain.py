@@ -257,14 +257,13 @@ def load_step(folder: Path) -> tuple[MiniMindForCausalLM, dict]:
     model = MiniMindForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                 local_files_only=True)
     path = folder / checkpoint.STATE_FILE
+    # torch.save writes a zip archive: other bytes are damage (load_newest tries the one
+    # before), whichever error torch's older-format reader would meet in them
+    if path.is_file() and not zipfile.is_zipfile(path):
+        raise ValueError(f"{path.name} is damaged (not the archive torch.save writes)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        # torch.save writes a zip archive:
-        # other bytes are damage (load_newest tries the one before)
-        if not zipfile.is_zipfile(path):
-            raise ValueError(f"{path.name} is damaged "
-                             "(not the archive torch.save writes)") from None
+    except pickle.UnpicklingError:  # weights_only refuses what would run code
         state = {}
     if not set(STATE_KEYS) <= state.keys():
         raise UserError(f"--resume: {folder} holds a training state "
