@@ -254,16 +254,17 @@ def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str,
                               ("embed_norm", c.embed_norm == "norm")) if on]
     if adding and c.norm_type == "none":
         return f"{name(adding[0])} adds norms, but {name('norm_type')} is none"
-    # a placement that only places norms builds Pre-Norm's model when there are none:
-    # refused, so that no study trains (and labels) the same model twice
-    pre = SimpleNamespace(**vars(c) | {"norm_position": "pre"})
-    if (training and c.norm_type == "none" and c.norm_position != "pre"
-            and c.norm_scaling == "none" and without_norms(c) == without_norms(pre)):
-        return (f"{name('norm_position')} {c.norm_position} with {name('norm_type')} none "
-                f"is the model of {name('norm_position')} pre: use pre")
     if c.norm_gain != "w" and not NORM_TYPES[c.norm_type].gain:
         return (f"{name('norm_gain')} {c.norm_gain} needs a gain, "
                 f"which {name('norm_type')} {c.norm_type} has not")
+    # a placement that only places norms builds Pre-Norm's model when there are none:
+    # refused, so that no study trains (and labels) the same model twice
+    if (training and c.norm_type == "none" and c.norm_position != "pre"
+            and c.norm_scaling == "none"):
+        pre = SimpleNamespace(**vars(c) | {"norm_position": "pre"})
+        if without_norms(c) == without_norms(pre):
+            return (f"{name('norm_position')} {c.norm_position} with {name('norm_type')} none "
+                    f"is the model of {name('norm_position')} pre: use pre")
 
 
 class MiniMindConfig(PretrainedConfig):

@@ -6,7 +6,7 @@ for --variant, the runner and the reports alike."""
 
 import re
 
-from model.model_minimind import SWITCH, SWITCHES, MiniMindConfig, config_problem, with_implied
+from model.model_minimind import SWITCH, SWITCHES, config_problem, with_implied
 from model.norms import NORM_TYPES
 
 # The fields a variant name speaks of:
@@ -110,9 +110,8 @@ def variant_fields(name: str) -> dict:
 def variant_problem(name: str) -> str | None:
     """Why the name makes no model to train
     (not every placement pairs with every norm), or None."""
-    fields = variant_fields(name)
     try:
-        MiniMindConfig(**fields)
+        fields = variant_fields(name)
     except ValueError as err:
         return str(err)
     return config_problem(with_implied(fields), training=True)

@@ -3,7 +3,7 @@ config's variant name, the same fields read back from it, and the recipe a name 
 
 import pytest
 
-from model import MiniMindConfig, MiniMindForCausalLM, norm_variant, variant_fields
+from model import MiniMindConfig, MiniMindForCausalLM, norm_variant, variant_fields, variant_problem
 from tests.tiny import TINY
 
 NAMES = {"rezero+qk_head-rmsnorm": {"norm_position": "rezero", "qk_norm": "head"},
@@ -30,3 +30,14 @@ def test_nanochat_is_its_recipe():
             config.logit_softcap) == ("rmsnorm_noparam", "pre", "head", "norm", 15.0)
     assert norm_variant(config) == "nanochat"
     assert not [n for n, _ in MiniMindForCausalLM(config).named_parameters() if "norm" in n]  # no gains
+
+
+def test_variant_problem_answers_for_any_name_and_a_saved_duplicate_still_loads():
+    """A name that is no variant, one that makes no model, one that makes another name's model: each
+    answered in words, none raised; the last still builds (a checkpoint saved under it loads)."""
+    assert variant_problem("pre-rmsnorm") is None and variant_problem("deepnorm-none") is None
+    assert variant_problem("nanochta").startswith("variant 'nanochta': 'nanochta' is not a norm position")
+    assert variant_problem("pre+sub-none") == "sub_norm adds norms, but norm_type is none"
+    assert variant_problem("post-none") == ("norm_position post with norm_type none is the model of "
+                                            "norm_position pre: use pre")
+    assert MiniMindConfig(**variant_fields("post-none")).norm_position == "post"
