@@ -81,7 +81,8 @@ def variant_fields(name: str) -> dict:
         fields["mix_ln_fraction"] = float(mix[1])
     if position not in SWITCH["norm_position"].choices:
         raise ValueError(f"variant {name!r}: {position!r} is not a norm position; "
-                         f"allowed: {list(SWITCH['norm_position'].choices)}")
+                         f"allowed: {list(SWITCH['norm_position'].choices)}, "
+                         f"or a whole name: {list(RECIPES)}")
     fields["norm_position"] = position
     # HybridNorm's QKV-norm: its name says so without a token
     implied = with_implied({"norm_position": position})

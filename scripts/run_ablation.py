@@ -31,6 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.cli import ArgumentParser, UserError, count, positive_float, positive_int, run_cli
+from model.model_minimind import with_implied
+from model.names import norm_variant
 from study.parallel import Worker
 from study.report import read_tuning, report
 from study.runner import StudyInterrupted, check_setting, own_share, tokenize_once, train_study
@@ -75,6 +77,8 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
         raise UserError(f"{', '.join(SET_PER_RUN)} are set per run by the study: use --seeds and --variants")
     if (Path(own.out_dir) / "results.md").is_file() and not (Path(own.out_dir) / "results.json").is_file():
         raise UserError(f"{own.out_dir}/results.md is not a study's report; move it or use another --out_dir")
+    if own.report_only and not (Path(own.out_dir) / "runs").is_dir():
+        raise UserError(f"--report_only: {own.out_dir} holds no runs; is it the study's --out_dir?")
     variants = [v for v in VARIANTS if not variant_problem(v)] if own.variants == ["all"] else own.variants
     for v in variants:
         try:
@@ -83,6 +87,9 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
             raise UserError(f"--variants: {err}") from None
         if problem := variant_problem(v):
             raise UserError(f"variant {v!r} makes no model ({problem})")
+        # one model, one name: two spellings of it would train it twice, under two folders
+        if (spelled := norm_variant(with_implied(variant_fields(v)))) != v:
+            raise UserError(f"variant {v!r} is the model its runs record as {spelled!r}: use that name")
     own.tune_lr_for = dict(own.tune_lr_for)
     if own.tune_lr is None and (own.tune_lr_for or own.tune_seeds):
         raise UserError("--tune_lr_for and --tune_seeds go with --tune_lr")

@@ -127,7 +127,7 @@ def run_one(base, study, variant: str, depth: int, lr: float, warmup: int, seed:
     if (summary := finished_run(base, study, *run)) is None:
         args = run_args(base, study, *run, job)
         print(f"\n=== {args.wandb_run_name}")
-        summary = train(args)
+        summary = train(args, resumed_by="the study's command, run again,")
         if summary["diverged"]:  # a finished run ends in the trainer's closing line; a diverged one in this
             print(f"diverged: {summary['divergence']}; the study records it and goes on")
     if summary["interrupted"]:

@@ -3,8 +3,10 @@ refusals."""
 
 import json
 import math
+import os
 import re
 import shutil
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -60,7 +62,7 @@ def test_device_defaults_fill_unset_flags_in_trainer_and_runner(tmp_path, monkey
 def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
     """The runner's command line on flags, which must stop with exit status 2 before anything trains or is
     written; returns its one line on stderr."""
-    def no_training(args):
+    def no_training(args, **_):
         raise AssertionError(f"trained {args.out_dir}")
     monkeypatch.setattr(runner, "train", no_training)
     capsys.readouterr()
@@ -75,7 +77,7 @@ def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
 @pytest.mark.parametrize(("flags", "message"), [
     (["--variants", "pre-rmsnorm", "sideways-rmsnorm"], "error: --variants: variant 'sideways-rmsnorm': "
      "'sideways' is not a norm position; allowed: ['pre', 'post', 'peri', 'reorder', 'deepnorm', 'mix', "
-     "'hybrid', 'hybrid_star', 'rezero']"),
+     "'hybrid', 'hybrid_star', 'rezero'], or a whole name: ['nanochat']"),
     # the name the trainer's --variant refuses too: two parts that set one field
     (["--variants", "pre+qk_head+qk_proj-rmsnorm"], "sets qk_norm a second time"),
     (["--qk_norm", "head"], "are set per run by the study"),
@@ -89,6 +91,12 @@ def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
     (["--variants", "pre-none", "post-none"], "error: variant 'post-none' makes no model (norm_position post "
      "with norm_type none is the model of norm_position pre: use pre)"),
     (["--seeds", "0", "-1"], "argument --seeds: invalid count value: '-1'"),
+    # ReZero has no norm for the type to go in: rezero-layernorm would train rezero again
+    (["--variants", "rezero", "rezero-layernorm"], "error: variant 'rezero-layernorm' is the model its runs "
+     "record as 'rezero': use that name"),
+    (["--variants", "pre+qk_head+depth-rmsnorm"], "record as 'pre+depth+qk_head-rmsnorm': use that name"),
+    (["--report_only", "--out_dir", "typo"], "error: --report_only: typo holds no runs; is it the study's "
+     "--out_dir?"),
     (["--tune_lr", "1e-3", "2e-3", "--learning_rates", "1e-3"], "drop --learning_rates"),
     (["--tune_lr", "1e-3", "2e-3", "--warmup_steps", "0", "10"], "give one --warmup_steps"),
     (["--tune_lr_for", "pre-rmsnorm=1e-3"], "go with --tune_lr"),
@@ -177,7 +185,7 @@ def test_a_finished_run_is_reused_and_a_study_folder_holds_one_setting(study, tm
     out = study(*flags)
     run = next((out / "runs").iterdir())
 
-    def no_training(args):
+    def no_training(args, **_):
         raise AssertionError(f"trained {args.out_dir} again")
     monkeypatch.setattr(runner, "train", no_training)
     # The same command reuses the run, also as an older trainer recorded it: the width null (the
@@ -354,6 +362,29 @@ def test_diverged_run_is_recorded_not_fatal_and_each_run_ends_in_one_line(study,
     assert "| pre-none | 2 | 0.001 | 5 |" in table and "![pre-none-L2](grid-pre-none-L2.png)" in table
 
 
+def test_a_study_stopped_by_a_signal_says_to_run_its_command_again_and_that_command_finishes_it(
+        study, capsys, monkeypatch):
+    lr_at = tp.lr_at
+
+    def signalled(step, *rest):
+        if step == 4:  # the signal arrives during step 5 of the run
+            os.kill(os.getpid(), signal.SIGTERM)
+        return lr_at(step, *rest)
+    monkeypatch.setattr(tp, "lr_at", signalled)
+    flags = ("--variants", "pre-rmsnorm", "--seeds", "0", "--max_steps", "8", "--eval_interval", "100")
+    out = study(*flags)
+    printed = capsys.readouterr().out.strip().splitlines()
+    # the run's own line speaks of the study's command, not of the trainer's --resume
+    assert printed[-2].startswith("stopped: step 5/8, ")
+    assert printed[-2].endswith("| next: the study's command, run again, continues it")
+    assert printed[-1] == "study interrupted; run the same command again to continue where it stopped"
+    stopped = json.loads(next(out.glob("runs/*/summary.json")).read_text())
+    assert stopped["interrupted"] and stopped["plateaued"] is None
+    monkeypatch.setattr(tp, "lr_at", lr_at)
+    study(*flags)
+    assert [r["step"] for r in json.loads((out / "results.json").read_text())] == [8]
+
+
 def test_plateau_rule():
     assert not evaluation.plateaued([5.0, 4.0], unigram=5.0)
     assert evaluation.plateaued([5.0, 4.0], unigram=4.04)  # within 0.05 nats of the unigram model
@@ -420,7 +451,7 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
     assert re.search(r"\d+ of \d+ runs were trained from a modified tree", table)
 
     # a rerun reuses every run: nothing trains
-    def no_training(args):
+    def no_training(args, **_):
         raise AssertionError(f"trained {args.out_dir} again")
     monkeypatch.setattr(runner, "train", no_training)
     study(*flags)

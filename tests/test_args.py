@@ -87,7 +87,8 @@ def test_a_bad_value_is_argparses_one_line(flags, message):
     (["--variant", "pre+qk_head+qk_proj-rmsnorm"],
      "--variant 'pre+qk_head+qk_proj-rmsnorm': 'qk_proj' sets qk_norm a second time"),
     (["--variant", "pro-rmsnorm"], "--variant 'pro-rmsnorm': 'pro' is not a norm position; allowed: ['pre', "
-     "'post', 'peri', 'reorder', 'deepnorm', 'mix', 'hybrid', 'hybrid_star', 'rezero']"),
+     "'post', 'peri', 'reorder', 'deepnorm', 'mix', 'hybrid', 'hybrid_star', 'rezero'], or a whole name: "
+     "['nanochat']"),
     (["--variant", "pre+qk_hed-rmsnorm"], "--variant 'pre+qk_hed-rmsnorm': 'qk_hed' is not a part of a "
      "variant name; allowed: ['depth', 'embed_norm', 'embed_scale', 'one_plus_w', 'qk_head', 'qk_proj', "
      "'qkv', 'sub', 'v_head'] and softcap<C>"),

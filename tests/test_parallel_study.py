@@ -260,7 +260,7 @@ def test_a_tuned_study_under_torchrun_makes_the_same_choices_and_a_rerun_trains_
     again_log = finish(again, tmp_path / "again.log")
     assert again.returncode == 0 and records(tmp_path / "ranks") == before, again_log[-3000:]
 
-    def no_training(args):
+    def no_training(args, **_):
         raise AssertionError(f"trained {args.out_dir} again")
     monkeypatch.setattr("study.runner.train", no_training)
     alone("ranks", *study)  # the same study folder, continued (here without torchrun): nothing left to train

@@ -170,7 +170,8 @@ def test_sigterm_or_ctrl_c_saves_the_step_and_resume_finishes_the_run(signum, tm
     closing = capsys.readouterr().out.strip().splitlines()[-1]
     assert closing.startswith("stopped: step 5/8, ") and f"| checkpoint {out / 'step-000005'} |" in closing
     assert closing.endswith("| next: the same command with --resume continues it")
-    assert json.loads((out / "summary.json").read_text())["interrupted"]
+    stopped = json.loads((out / "summary.json").read_text())
+    assert stopped["interrupted"] and stopped["plateaued"] is None  # judged when it finishes
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers
     monkeypatch.setattr(tp, "lr_at", lr_at)
     tp.main([*argv, "--resume"])

@@ -192,7 +192,8 @@ def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, objec
     any other error means the folder is damaged."""
     path = Path(path)
     if not path.is_dir():
-        raise UserError(f"{path}: no such folder; "
+        what = "a file, not a folder" if path.exists() else "no such folder"
+        raise UserError(f"{path}: {what}; "
                         "pass the trainer's --out_dir or a model folder")
     candidates = [path] if (path / "config.json").is_file() else step_folders(path)
     if not candidates:

@@ -94,6 +94,8 @@ class Job:
     peak_flops: float | None = None
     # time.perf_counter() at the start, for the elapsed times printed
     started: float = 0.0
+    # what the closing line of a stopped run says to run next
+    resumed_by: str = "the same command with --resume"
 
     @property
     def master(self) -> bool:
@@ -144,10 +146,11 @@ STATE_KEYS = (*RESUMED, "optimizer", "scaler", "sampler",
               "wandb_run_id", "args", "data", "rng")
 
 
-def train(args) -> dict:
+def train(args, resumed_by: str = Job.resumed_by) -> dict:
     """Run one training job and return its summary: the outcome on every rank,
     all the numbers on rank 0,
-    which writes them to out_dir/summary.json and holds out_dir meanwhile."""
+    which writes them to out_dir/summary.json and holds out_dir meanwhile.
+    resumed_by: what continues it if stopped (a study: the study's command)."""
     rank, world_size, device = setup_distributed(args.device, args.dist_timeout)
     if device.type == "cpu":
         # subnormals (a plateaued run) compute ~7x slower; docs/training.md
@@ -160,7 +163,7 @@ def train(args) -> dict:
     hf_logging.disable_progress_bar()
     job = Job(args, rank, world_size, device, resolve_dtype(args.dtype, device),
               load_tokenizer(args.tokenizer_path), environment(device),
-              started=time.perf_counter())
+              started=time.perf_counter(), resumed_by=resumed_by)
     lock = (checkpoint.claim(job.out_dir, args.resume, args.overwrite) if job.master
             else None)
     try:
@@ -556,7 +559,9 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
         "val_loss": last_val["loss"] if last_val else None,
         "val_bpb": last_val["bpb"] if last_val else None,
         "unigram_loss": job.unigram,
-        "plateaued": not summary["diverged"] and plateaued(vals, job.unigram),
+        # judged at the end: a stopped run has not had its chance to learn
+        "plateaued": (None if state.interrupted
+                      else not summary["diverged"] and plateaued(vals, job.unigram)),
         "tokens_per_s": tokens_per_s,
         "s_per_step": job.tokens_per_step / tokens_per_s if speeds else None,
         "train_time_s": state.train_time,
@@ -583,7 +588,7 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     data = f" {shlex.quote(args.data_path)}" if args.data_path else ""
     if args.text_field != "text":  # eval_llm reads the field it is told, not the run's
         data += f" --text_field {shlex.quote(args.text_field)}"
-    then = ("the same command with --resume continues it" if state.interrupted
+    then = (f"{job.resumed_by} continues it" if state.interrupted
             else f"python eval_llm.py --model_path {shlex.quote(str(job.out_dir))} "
                  f"--eval_data{data}")
     # no speed before the first timed window (the first steps warm up, or compile)
