@@ -144,17 +144,31 @@ def reading(data_path: str | None):
         if (not isinstance(err, PARSE_ERRORS) or is_embedded(data_path)
                 or is_hub(data_path)):
             raise
+        kinds = {}  # the fields of each file's first record -> the first file with them
         for path in (f for f in local_files(data_path) if BUILDERS[f.suffix] == "json"):
             with path.open(encoding="utf-8", errors="replace") as f:
                 # one JSON array: its line numbers are json's own
                 array = f.read(1) == "["
                 f.seek(0)
+                fields = None  # its first record's
                 for number, line in [(1, f.read())] if array else enumerate(f, 1):
                     try:
-                        json.loads(line) if line.strip() else None
+                        record = json.loads(line) if line.strip() else None
                     except json.JSONDecodeError as e:
                         raise UserError(f"{path}:{number + e.lineno - 1}: "
                                         f"malformed JSON ({e.msg})") from None
+                    if array and record:
+                        record = record[0]
+                    if fields is None and isinstance(record, dict):
+                        fields = ", ".join(record)
+            if fields is not None:
+                kinds.setdefault(fields, path.name)
+        # datasets reads a folder as one table: files of other fields do not cast
+        if len(kinds) > 1:
+            (fields, file), (other_fields, other_file) = list(kinds.items())[:2]
+            raise UserError(f"{data_path}: its files hold different fields "
+                            f"({file}: {fields}; {other_file}: {other_fields}); "
+                            "keep one kind of record in a folder") from None
         raise UserError(f"{data_path}: cannot read it "
                         f"({first_line(err.__cause__ or err)})") from None
     finally:

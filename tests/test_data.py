@@ -6,6 +6,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import threading
 import time
@@ -273,6 +274,15 @@ def test_a_bad_source_is_one_line(tmp_path, name, streaming):
     with pytest.raises(UserError, match="^" + message.format(path=path)) as err:
         list(load_texts(str(path), "train", streaming=streaming))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_folder_of_files_with_different_fields_names_two_of_them(tmp_path, streaming):
+    write_jsonl(tmp_path / "a.jsonl", [{"text": f"a{i}"} for i in range(20)])
+    write_jsonl(tmp_path / "b.jsonl", [{"content": f"b{i}", "id": i} for i in range(20)])
+    message = f"{tmp_path}: its files hold different fields (a.jsonl: text; b.jsonl: content, id); "
+    with pytest.raises(UserError, match="^" + re.escape(message)):
+        list(load_texts(str(tmp_path), "train", streaming=streaming))
 
 
 def test_a_folder_mixing_kinds_is_refused(tmp_path):
