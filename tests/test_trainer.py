@@ -55,6 +55,15 @@ def test_a_corpus_the_tokenizer_covers_poorly_gets_one_warning(tmp_path, tiny_fl
     assert "covers this corpus poorly" not in capsys.readouterr().err
 
 
+def test_a_run_shorter_than_its_warmup_gets_one_warning(tmp_path, tiny_flags, capsys):
+    train_in_process([*tiny_flags, "--out_dir", tmp_path / "short", "--max_steps", 2, "--warmup_steps", 8])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "--warmup_steps" in line]
+    assert warnings == ["warning: --warmup_steps 8 is longer than the run (--max_steps 2): the lr rises to "
+                        "25% of --learning_rate and never decays; set --warmup_steps below --max_steps"]
+    train_in_process([*tiny_flags, "--out_dir", tmp_path / "full", "--max_steps", 2, "--warmup_steps", 2])
+    assert "--warmup_steps" not in capsys.readouterr().err
+
+
 def test_a_run_prints_each_evaluation_and_ends_in_one_line_saying_what_to_run_next(tmp_path, tiny_flags,
                                                                                     capsys):
     out = tmp_path / "run"
