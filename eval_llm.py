@@ -207,7 +207,7 @@ def evaluate_split(lm, tokenizer, data_path: str | None = "default",
         raise UserError(f"--seq_len {seq_len} is longer than the model's context "
                         f"of {context} tokens")
     split = prepare_split(data_path, "validation", tokenizer, text_field)
-    windows = BatchSampler(split.tokens, batch_size, seq_len).num_windows
+    windows = BatchSampler(split.tokens, batch_size, seq_len, shuffle=False).num_windows
     # A limit beyond the split's end would wrap around and count windows twice;
     # the whole split is the most.
     steps = (max_batches
@@ -283,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer_path",
                    help="tokenizer folder (default: the model folder's own)")
     p.add_argument("--device", default="auto",
-                   help="auto (cuda with bf16 autocast if available, else cpu in fp32), "
+                   help="auto (cuda if available, with bf16 autocast, or fp16 where the GPU "
+                        "has no bf16; else cpu in fp32), "
                         "cpu, cuda, cuda:1, ...")
     gen = p.add_argument_group("generation")
     gen.add_argument("--prompt", action="append",

@@ -20,10 +20,10 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from model.norms import NORM_TYPES, RMSNorm, count_norms, init_norm, make_norm
+from model.norms import NORM_TYPES, RMSNorm, init_norm, make_norm
 
-# the default norm and the count users check, re-exported from model/norms.py
-__all__ = ["RMSNorm", "count_norms"]
+# the default norm, re-exported from model/norms.py
+__all__ = ["RMSNorm"]
 
 
 # --------------------------------------------------------------------------------------
@@ -63,7 +63,8 @@ def num_post_blocks(config) -> int:
 # A final norm is kept wherever the last block
 # may leave the residual stream un-normalized;
 # after a Post block it would only rescale what that block's norm produced,
-# and ReZero has no norm by design.
+# and ReZero has no norm by design. (Mix-LN keeps it even at --mix_ln_fraction 1,
+# where every block is Post.)
 PLACEMENTS: dict[str, tuple[Callable, bool]] = {
     "pre": (lambda i, cfg: PRE, True),  # Llama, Qwen3
     "post": (lambda i, cfg: POST, False),  # the 2017 Transformer
@@ -93,7 +94,7 @@ class LayerPlan:
 
 
 def layer_plans(config) -> list[LayerPlan]:
-    """One plan per block; with has_final_norm, the only reader of norm_position."""
+    """One plan per block; with has_final_norm, the only reader of PLACEMENTS."""
     L = config.num_hidden_layers
     position = config.norm_position
     alpha = beta = 1.0
@@ -172,7 +173,8 @@ SWITCHES = (  # one help line each; docs/model.md has the full table
            choices=("none", "head", "proj"),
            token={"head": "qk_head", "proj": "qk_proj"}),
     Switch("v_norm", None,
-           "head: normalize each head's values too (Gemma 3n/4) (default as --qk_norm)",
+           "head: normalize each head's values too (Gemma 3n/4) "
+           "(default: head for hybrid placements, else none)",
            choices=("none", "head"), token={"head": "v_head"}),
     Switch("sub_norm", False, "norms before o_proj and down_proj (BitNet's Sub-LN)",
            bool, token={True: "sub"}),
@@ -397,9 +399,9 @@ class Attention(nn.Module):
         self.v_proj.init_scale = self.o_proj.init_scale = init_scale
         # QK-norm bounds the attention logits:
         # per head (Qwen3), or over the projection (OLMo 2)
-        self.qk_norm = config.qk_norm
-        if self.qk_norm != "none":
-            per_head = self.qk_norm == "head"
+        self.qk_norm_mode = config.qk_norm
+        if self.qk_norm_mode != "none":
+            per_head = self.qk_norm_mode == "head"
             width = self.head_dim if per_head else None  # None: the whole projection
             self.q_norm = norm_for(config, width or self.n_heads * self.head_dim)
             self.k_norm = norm_for(config, width or self.n_kv_heads * self.head_dim)
@@ -417,11 +419,11 @@ class Attention(nn.Module):
         k [batch, kv_heads, seq, head_dim]; QK-norm, RoPE."""
         bsz, seq, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
-        if self.qk_norm == "proj":
+        if self.qk_norm_mode == "proj":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(bsz, seq, self.n_heads, self.head_dim)
         k = k.view(bsz, seq, self.n_kv_heads, self.head_dim)
-        if self.qk_norm == "head":
+        if self.qk_norm_mode == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         return (apply_rotary(q.transpose(1, 2), *rope),
                 apply_rotary(k.transpose(1, 2), *rope))

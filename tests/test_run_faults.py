@@ -119,7 +119,8 @@ def test_an_update_that_made_weights_non_finite_is_never_saved(flags, monkeypatc
     monkeypatch.setattr(torch.optim.AdamW, "step", poisoning_step)
     argv = flags("--max_steps", 6, "--save_interval", 2)
     message = refusal(argv)
-    assert message.startswith("the loss or the weights became non-finite by step 4: lower --learning")
+    assert message.startswith("the loss or the weights became non-finite by step 4: lower --learning_rate, "
+                              "raise --warmup_steps or lower --grad_clip; ")
     assert message.endswith("nothing after step-000002 was saved, and --resume continues from it")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["diverged"] and summary["step"] == 4

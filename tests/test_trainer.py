@@ -55,11 +55,20 @@ def test_a_corpus_the_tokenizer_covers_poorly_gets_one_warning(tmp_path, tiny_fl
     assert "covers this corpus poorly" not in capsys.readouterr().err
 
 
+def test_a_validation_split_too_short_for_a_window_is_named_as_such(tmp_path, tiny_flags):
+    """Document 0 of a file is held out (every 100th is): one short line leaves validation a few tokens."""
+    data = tmp_path / "short-validation.jsonl"
+    lines = ["Hi."] + [f"Line {i} of the plays, long enough to fill the window." * 4 for i in range(1, 60)]
+    data.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines), encoding="utf-8")
+    with pytest.raises(tp.UserError, match="^the validation split has [0-9]+ tokens, fewer than seq_len"):
+        train_in_process([*tiny_flags, "--data_path", data, "--out_dir", tmp_path / "run", "--max_steps", 1])
+
+
 def test_a_run_shorter_than_its_warmup_gets_one_warning(tmp_path, tiny_flags, capsys):
     train_in_process([*tiny_flags, "--out_dir", tmp_path / "short", "--max_steps", 2, "--warmup_steps", 8])
     warnings = [line for line in capsys.readouterr().err.splitlines() if "--warmup_steps" in line]
     assert warnings == ["warning: --warmup_steps 8 is longer than the run (--max_steps 2): the lr rises to "
-                        "25% of --learning_rate and never decays; set --warmup_steps below --max_steps"]
+                        "25% of --learning_rate and never decays; set --warmup_steps at most --max_steps"]
     train_in_process([*tiny_flags, "--out_dir", tmp_path / "full", "--max_steps", 2, "--warmup_steps", 2])
     assert "--warmup_steps" not in capsys.readouterr().err
 

@@ -198,7 +198,7 @@ def load_data(job: Job) -> None:
         dist.barrier()
     # a split too short for one window fails now, not later
     for split in (job.train, job.val):
-        BatchSampler(split.tokens, 1, args.max_seq_len)
+        BatchSampler(split.tokens, 1, args.max_seq_len, shuffle=split.split == "train")
     splits = {s.split: {"num_tokens": s.num_tokens, "sha256": s.sha256}
               for s in (job.train, job.val)}
     job.fingerprint = {"tokenizer": tokenizer_fingerprint(job.tokenizer), **splits}
@@ -354,7 +354,7 @@ def open_tracking(job: Job, state: TrainState) -> Tracker:
         print(f"warning: --warmup_steps {args.warmup_steps} is longer than the run "
               f"(--max_steps {args.max_steps}): the lr rises to "
               f"{args.max_steps / args.warmup_steps:.0%} of --learning_rate and never decays; "
-              "set --warmup_steps below --max_steps", file=sys.stderr)
+              "set --warmup_steps at most --max_steps", file=sys.stderr)
     return tracker
 
 
@@ -392,7 +392,7 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
             save_now = due(args.save_interval)
             # only a step that evaluates sane is saved
             eval_now = due(args.eval_interval) or save_now
-            loss_sum, last_batch = micro_steps(job, state)
+            step_loss, last_batch = micro_steps(job, state)
             state.scaler.unscale_(state.optimizer)
             layer_grads = (block_grad_norms(raw.model.layers) if diag_now and job.master
                            else None)
@@ -403,8 +403,8 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
             state.scaler.update()
             state.optimizer.zero_grad(set_to_none=True)
             if state.step == 0:
-                first_loss = loss_sum
-            window_loss += loss_sum
+                first_loss = step_loss
+            window_loss += step_loss
             window_steps += 1
             state.step += 1
             pbar.update(1)
@@ -454,10 +454,10 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
 
 def micro_steps(job: Job, state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward over --accumulation_steps micro-batches:
-    their summed loss, on the device,
+    the step's loss (their mean: each is divided by the count), on the device,
     and the last micro-batch's inputs (for the per-block diagnostics)."""
     steps = job.args.accumulation_steps
-    loss_sum = torch.zeros((), device=job.device)
+    step_loss = torch.zeros((), device=job.device)
     for micro in range(steps):
         x, y = to_device(next(state.sampler), job.device)
         # DDP all-reduces the gradients on the last micro-step only;
@@ -467,8 +467,8 @@ def micro_steps(job: Job, state: TrainState) -> tuple[torch.Tensor, torch.Tensor
         with sync, job.mixed_precision:
             loss = state.model(input_ids=x, shift_labels=y).loss / steps
         state.scaler.scale(loss).backward()
-        loss_sum += loss.detach()
-    return loss_sum, x
+        step_loss += loss.detach()
+    return step_loss, x
 
 
 def agree(job: Job, state: TrainState, window_loss: torch.Tensor, window_steps: int,
@@ -613,8 +613,9 @@ def main(argv: list[str] | None = None) -> None:
         kept = checkpoint.newest_up_to(Path(args.out_dir), summary["step"])
         then = (f"nothing after {kept.name} was saved, and --resume continues from it"
                 if kept else "no checkpoint was saved: start over with --overwrite")
+        clip = "lower --grad_clip" if args.grad_clip else "set --grad_clip (0 is off)"
         raise UserError(f"{summary['divergence']}: lower --learning_rate, "
-                        f"raise --warmup_steps or set --grad_clip; {then}")
+                        f"raise --warmup_steps or {clip}; {then}")
 
 
 if __name__ == "__main__":
