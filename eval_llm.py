@@ -332,9 +332,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     """Parse and check the flags, naming the bad one in a one-line UserError."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.model_path is None and not args.compare:
         raise UserError("give --model_path DIR, or --compare DIR [DIR ...] (see --help)")
+    # without --eval_data nothing would read them: a user who set one meant to evaluate
+    stray = [f"--{name}" for name in ("text_field", "batch_size", "seq_len", "eval_batches")
+             if getattr(args, name) != parser.get_default(name)]
+    if stray and args.eval_data is None:
+        raise UserError(f"{', '.join(stray)} set the held-out evaluation: add --eval_data [PATH]")
     return args
 
 

@@ -78,6 +78,16 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UserError(f"{message} (see --help)")
 
+    def parse_known_args(self, args=None, namespace=None):
+        # argparse keeps only the last list of a list flag given twice:
+        # --seeds 0 --seeds 1 would be seed 1 alone
+        words = [str(w).split("=")[0] for w in (sys.argv[1:] if args is None else args)]
+        lists = {flag for action in self._actions if action.nargs in ("+", "*")
+                 for flag in action.option_strings}
+        if twice := [flag for flag in lists if words.count(flag) > 1]:
+            self.error(f"argument {twice[0]}: given twice; list all its values after one {twice[0]}")
+        return super().parse_known_args(args, namespace)
+
 
 # A write the OS refused: a read-only or unwritable folder, a full disk or quota,
 # a file where a folder goes.

@@ -17,6 +17,10 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
     path = Path(path) if path else DEFAULT_TOKENIZER_DIR
     # Checked first:
     # AutoTokenizer would take a missing "a/b" for a Hub model and go online.
+    if path.name == "tokenizer.json" and path.is_file():
+        raise UserError(f"{path}: pass the folder that holds it, {path.parent}")
+    if not path.is_dir():
+        raise UserError(f"{path}: no such folder")
     if not (path / "tokenizer.json").is_file():
         raise UserError(f"{path}: not a tokenizer directory (no tokenizer.json); "
                         "train one with scripts/train_tokenizer.py")

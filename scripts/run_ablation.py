@@ -3,8 +3,8 @@
     python scripts/run_ablation.py --out_dir out/ablation --seeds 0 1 2 --max_steps 300
     python scripts/run_ablation.py --variants pre-rmsnorm post-rmsnorm deepnorm-rmsnorm --depths 8 16 32
     python scripts/run_ablation.py --learning_rates 1e-3 3e-3 1e-2 --warmup_steps 0 50   # stability grid
-    python scripts/run_ablation.py --tune_lr 2e-3 4e-3 8e-3 1.6e-2 --seeds 0 1 2 3 4     # fair study
-    python scripts/run_ablation.py --lr_from out/fair --max_steps 1600 --seeds 2 3 4     # its longer rung
+    python scripts/run_ablation.py --tune_lr 2e-3 4e-3 8e-3 1.6e-2 --seeds 0 1 2 3 4 --out_dir out/fair
+    python scripts/run_ablation.py --lr_from out/fair --max_steps 1600 --seeds 2 3 4 --out_dir out/fair-1600
     torchrun --nproc_per_node 2 scripts/run_ablation.py --tune_lr 2e-3 4e-3 8e-3 --seeds 0 1 2 3 4
 
 Every run is trainer.train_pretrain.train, its flags the trainer's parse of the study's with the run's
@@ -93,9 +93,17 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     own.tune_lr_for = dict(own.tune_lr_for)
     if own.tune_lr is None and (own.tune_lr_for or own.tune_seeds):
         raise UserError("--tune_lr_for and --tune_seeds go with --tune_lr")
-    if own.tune_lr and (own.learning_rates or len(own.warmup_steps or [0]) > 1):
-        raise UserError("--tune_lr picks each variant's lr itself: drop --learning_rates, and give one "
+    chooser = "--tune_lr" if own.tune_lr else "--lr_from" if own.lr_from else None
+    if chooser and (own.learning_rates or len(own.warmup_steps or [0]) > 1):
+        raise UserError(f"{chooser} picks each variant's lr itself: drop --learning_rates, and give one "
                         "--warmup_steps")
+    # one lr is no choice, and it is both edges of its grid: which way would the grid grow?
+    grids = {"--tune_lr": own.tune_lr} if own.tune_lr else {}
+    grids |= {f"--tune_lr_for {variant}": lrs for variant, lrs in own.tune_lr_for.items()}
+    if thin := [flag for flag, lrs in grids.items() if len(set(lrs)) < 2]:
+        raise UserError(f"{thin[0]}: give two or more lrs to choose among (one lr: --learning_rates)")
+    if problem := variant_problem(own.baseline):
+        raise UserError(f"--baseline: {problem}")
     if bad := [v for v in own.tune_lr_for if v not in variants]:
         raise UserError(f"--tune_lr_for {' '.join(bad)}: not one of --variants")
     if own.tune_lr and int(os.environ.get("WORLD_SIZE", "1")) > 1 and own.parallel == "data":

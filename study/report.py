@@ -211,8 +211,8 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
                  f"{chose} Δ is the loss minus {study.baseline}'s on the same seed and CPU type, on "
                  "the fresh seeds only (the tune seeds' luck helped choose the lr); the train loss is the "
                  "mean over the last 10% of steps. A study's report gives statistics only: the "
-                 "verdicts are computed, by one rule over every claim's primary folder, in "
-                 "docs/results/claims.md (python scripts/write_claims.py).", "",
+                 "project's verdicts are computed, by one rule over every claim's primary folder "
+                 "under docs/results/, in docs/results/claims.md (python scripts/write_claims.py).", "",
                  study_cost(out), "", fair, "",
                  "" if study.lr_from else "![lr sensitivity](lr_sensitivity.png)", ""]
     shown = groups

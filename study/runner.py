@@ -85,6 +85,9 @@ def check_setting(base, study) -> None:
     # (./corpus.jsonl, an absolute path) are the same data
     paths = ("data_path", "tokenizer_path") if same_data else ()
     shared = {k: v for k, v in vars(base).items() if k not in (*BOOKKEEPING, *PER_RUN, *paths)}
+    # a report of the folder needs its study's own flags: they say which runs are its
+    advice = ("repeat the study's own flags" if study.report_only
+              else "use a new --out_dir for a different setting")
     for summary in summaries:
         # the model's width: a record before the trainer resolved it holds null
         recorded = summary["args"] | {"hidden_size": summary["hidden_size"]}
@@ -92,11 +95,10 @@ def check_setting(base, study) -> None:
         if changed := [k for k in expected if k in recorded and recorded[k] != expected[k]]:
             was = " and ".join(f"--{k} {recorded[k]}" for k in changed)
             now = " and ".join(str(expected[k]) for k in changed)
-            raise UserError(f"{folder} holds runs trained with {was}, not {now}; use a new "
-                            "--out_dir for a different setting")
+            raise UserError(f"{folder} holds runs trained with {was}, not {now}; {advice}")
     if not same_data:
         raise UserError(f"{folder} holds runs trained on other data or tokenizer than --data_path and "
-                        "--tokenizer_path give now; use a new --out_dir for a different setting")
+                        f"--tokenizer_path give now; {advice}")
 
 
 def finished_run(base, study, *run) -> dict | None:

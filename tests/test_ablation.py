@@ -100,7 +100,19 @@ def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
     (["--tune_lr", "1e-3", "2e-3", "--learning_rates", "1e-3"], "drop --learning_rates"),
     (["--tune_lr", "1e-3", "2e-3", "--warmup_steps", "0", "10"], "give one --warmup_steps"),
     (["--tune_lr_for", "pre-rmsnorm=1e-3"], "go with --tune_lr"),
-    (["--tune_lr", "1e-3", "--tune_lr_for", "peri-rmsnorm=1e-3"], "--tune_lr_for peri-rmsnorm: not one of"),
+    (["--tune_lr", "1e-3", "2e-3", "--tune_lr_for", "peri-rmsnorm=1e-3,2e-3"],
+     "--tune_lr_for peri-rmsnorm: not one of"),
+    # one lr is no choice
+    (["--tune_lr", "1e-3"],
+     "error: --tune_lr: give two or more lrs to choose among (one lr: --learning_rates)"),
+    (["--tune_lr", "1e-3", "2e-3", "--tune_lr_for", "pre-rmsnorm=1e-3,1e-3"],
+     "--tune_lr_for pre-rmsnorm: give two or more lrs"),
+    # argparse would keep only the last list of a list flag given twice
+    (["--seeds", "0", "--seeds", "1"], "error: argument --seeds: given twice; list all its values after one "
+     "--seeds (see --help)"),
+    (["--lr_from", "x", "--learning_rates", "1e-3"], "error: --lr_from picks each variant's lr itself: drop "
+     "--learning_rates, and give one --warmup_steps"),
+    (["--baseline", "pre-rmsnrm"], "--baseline: variant 'pre-rmsnrm': 'rmsnrm' is not a norm type"),
     *((["--tune_lr", "1e-3", bad], "argument --tune_lr: invalid positive_float value") for bad in ("0",
                                                                                                    "nan")),
     (["--learning_rates", "1e-3", "inf"], "argument --learning_rates: invalid positive_float value: 'inf'"),
@@ -198,21 +210,24 @@ def test_a_finished_run_is_reused_and_a_study_folder_holds_one_setting(study, tm
     # the same file under another spelling of its path is the same data
     study(*flags, "--data_path", f"{tmp_path}/./corpus.jsonl")
 
-    def refusal(*more: str) -> str:
+    def refusal(*more: str, variant: str = "pre-rmsnorm") -> str:
         """The one line that refuses the study's command with more flags (after the progress bars
         of tokenizing a corpus to compare it)."""
         capsys.readouterr()
         with pytest.raises(SystemExit) as stopped:
-            run_cli(lambda: study(*flags, *more))
+            run_cli(lambda: study(*(variant if f == "pre-rmsnorm" else f for f in flags), *more))
         err = capsys.readouterr().err
         errors = [line for line in err.splitlines() if line.startswith("error: ")]
         assert stopped.value.code == 2 and len(errors) == 1 and err.endswith(f"{errors[0]}\n"), err
         return errors[0]
     # another setting, in any run of the folder (another variant's too)
     setting = "use a new --out_dir for a different setting"
-    for more in ((), ("--variants", "post-rmsnorm")):
-        assert refusal("--max_steps", "3", *more) == (f"error: {out} holds runs trained with "
+    for variant in ("pre-rmsnorm", "post-rmsnorm"):
+        assert refusal("--max_steps", "3", variant=variant) == (f"error: {out} holds runs trained with "
                                                       f"--max_steps 2, not 3; {setting}")
+    # a report of the folder: its runs are named by the study's own flags
+    assert refusal("--max_steps", "3", "--report_only") == (
+        f"error: {out} holds runs trained with --max_steps 2, not 3; repeat the study's own flags")
     assert refusal("--grad_clip", "0.5", "--max_steps", "3") == (
         f"error: {out} holds runs trained with --max_steps 2 and --grad_clip 1.0, not 3 and 0.5; "
         f"{setting}")
@@ -538,7 +553,7 @@ def test_lr_from_trains_only_fresh_seeds_at_another_studys_choice(fake_runs, tmp
     with pytest.raises(UserError, match="chose no lr for post-rmsnorm L8"):
         run_ablation.parse_args(["--variants", "post-rmsnorm", "--lr_from", str(tmp_path)])
     with pytest.raises(UserError, match="drop --tune_lr"):
-        run_ablation.parse_args(["--lr_from", str(tmp_path), "--tune_lr", "1e-3"])
+        run_ablation.parse_args(["--lr_from", str(tmp_path), "--tune_lr", "1e-3", "2e-3"])
     with pytest.raises(UserError, match="no tuning.json"):
         run_ablation.parse_args(["--lr_from", str(tmp_path / "none")])
     by_file = ["--variants", "pre-rmsnorm", "--lr_from", str(tmp_path / "tuning.json")]

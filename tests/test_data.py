@@ -367,9 +367,14 @@ def test_a_full_disk_while_caching_is_one_line_naming_the_folder(where, tmp_path
     assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []  # no half-written entry
 
 
-def test_bad_tokenizer_dir(tmp_path):
-    with pytest.raises(UserError, match="not a tokenizer directory"):
+def test_bad_tokenizer_dir(tmp_path, tiny_tokenizer_dir):
+    with pytest.raises(UserError, match="nope: no such folder$"):
         load_tokenizer(tmp_path / "nope")
+    with pytest.raises(UserError, match=f"^{tmp_path}: not a tokenizer directory"):
+        load_tokenizer(tmp_path)
+    file = Path(tiny_tokenizer_dir) / "tokenizer.json"
+    with pytest.raises(UserError, match=f"^{file}: pass the folder that holds it, {tiny_tokenizer_dir}$"):
+        load_tokenizer(file)
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(UserError, match="cannot load the tokenizer"):
         load_tokenizer(tmp_path)

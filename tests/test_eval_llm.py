@@ -175,6 +175,8 @@ def test_compare_uses_one_seed_and_leaves_out_a_run_without_a_checkpoint(trained
     (["--eval_batches", "0"], "argument --eval_batches: invalid positive_int value: '0' (see --help)"),
     (["--seq_len=-3"], "argument --seq_len: invalid positive_int value: '-3' (see --help)"),
     ([], "give --model_path DIR, or --compare DIR [DIR ...] (see --help)"),
+    (["--text_field", "body", "--seq_len", "64"],
+     "--text_field, --seq_len set the held-out evaluation: add --eval_data [PATH]"),
 ])
 def test_a_bad_flag_is_refused_in_one_line(flags, message):
     with pytest.raises(UserError) as err:
