@@ -218,15 +218,17 @@ def evaluate_split(lm, tokenizer, data_path: str | None = "default",
     # no float holds e^709 (a diverged model)
     ppl = math.exp(loss) if loss < 709 else math.inf
     return {"loss": loss, "ppl": ppl, "bpb": bits_per_byte(loss, split.bytes_per_token),
-            "tokens": (windows if steps is None else steps * batch_size) * seq_len}
+            "tokens": (windows if steps is None else steps * batch_size) * seq_len,
+            "seq_len": seq_len}
 
 
 def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu",
             tokenizer_path=None, eval_kwargs: dict | None = None) -> list[Result]:
     """Every prompt through every checkpoint, loaded one at a time, with the same seed,
     plus evaluate_split(**eval_kwargs) if given.
-    One that cannot be loaded is named in a warning and kept as a Result with its error;
-    a UserError when none loads."""
+    One that cannot be loaded, or cannot take a prompt or --seq_len (its context is shorter),
+    is named in a warning and kept as a Result with its error;
+    a UserError when none is left."""
     names = [display_name(p) for p in paths]
     # e.g. a/seed0 and b/seed0: only the full paths tell them apart
     if len(set(names)) < len(names):
@@ -234,19 +236,27 @@ def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu",
     results = []
     for i, (path, name) in enumerate(zip(paths, names, strict=True), 1):
         print(f"[{i}/{len(paths)}] {name}", file=sys.stderr)
+        variant = "not loaded"
         try:
             lm, tokenizer = load(path, tokenizer_path, device)
+            variant = variant_of(lm.config)
+            continuations = [generate_text(lm, tokenizer, p, sampling) for p in prompts]
+            metrics = (evaluate_split(lm, tokenizer, **eval_kwargs)
+                       if eval_kwargs is not None else None)
         except UserError as err:
             print(f"warning: left out of the comparison: {err}", file=sys.stderr)
-            results.append(Result(name, "not loaded", [], error=str(err)))
+            results.append(Result(name, variant, [], error=str(err)))
             continue
-        continuations = [generate_text(lm, tokenizer, p, sampling) for p in prompts]
-        metrics = (evaluate_split(lm, tokenizer, **eval_kwargs)
-                   if eval_kwargs is not None else None)
-        results.append(Result(name, variant_of(lm.config), continuations, metrics))
+        results.append(Result(name, variant, continuations, metrics))
     if all(r.error for r in results):
-        raise UserError("nothing to compare: no model folder could be loaded "
+        raise UserError("nothing to compare: no model could be loaded and run "
                         "(the warnings above say why)")
+    # by default each model's windows are as long as its context allows (at most 256)
+    lengths = {r.name: r.metrics["seq_len"] for r in results if r.metrics}
+    if len(set(lengths.values())) > 1:
+        each = ", ".join(f"{name} {n}" for name, n in lengths.items())
+        print(f"warning: the losses are over windows of different lengths ({each} tokens), "
+              "and a longer window's tokens see more context: pass one --seq_len", file=sys.stderr)
     return results
 
 
@@ -326,7 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="evaluate this many batches (default: all)")
     p.add_argument("--compare", nargs="+", metavar="DIR",
                    help="also these model folders, with the same prompts and seed, "
-                        "side by side (one that cannot be loaded is named and left out)")
+                        "side by side (one that cannot be loaded, or whose context is too short "
+                        "for a prompt or --seq_len, is named and left out)")
     return p
 
 

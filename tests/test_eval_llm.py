@@ -156,7 +156,27 @@ def test_compare_uses_one_seed_and_leaves_out_a_run_without_a_checkpoint(trained
     out, err = capsys.readouterr()
     assert stopped.value.code == 2 and out == ""
     assert [line for line in err.splitlines() if line.startswith("error:")] == err.splitlines()[-1:] == [
-        "error: nothing to compare: no model folder could be loaded (the warnings above say why)"]
+        "error: nothing to compare: no model could be loaded and run (the warnings above say why)"]
+
+
+def test_compare_leaves_out_a_model_too_short_for_the_windows_and_warns_of_unequal_ones(
+        trained_run, tiny_tokenizer, tiny_corpus, tmp_path, capsys):
+    longer = tmp_path / "context64"
+    MiniMindForCausalLM(MiniMindConfig(**TINY, max_position_embeddings=64)).save_pretrained(longer)
+    tiny_tokenizer.save_pretrained(longer)
+    flags = ["--device", "cpu", "--prompt", PROMPT, "--max_new_tokens", "4", "--eval_data", tiny_corpus,
+             "--eval_batches", "1", "--compare", str(trained_run), str(longer)]
+    capsys.readouterr()
+    main(flags)  # by default, windows as long as each context allows: the run's 32, 64 for the other
+    assert "warning: the losses are over windows of different lengths (rms-pre 32, context64 64 tokens), " \
+        "and a longer window's tokens see more context: pass one --seq_len" in capsys.readouterr().err
+    main([*flags, "--seq_len", "48"])  # longer than the run's context: it is left out, the other compared
+    out, err = capsys.readouterr()
+    assert [line for line in err.splitlines() if line.startswith("warning:")] == [
+        "warning: left out of the comparison: --seq_len 48 is longer than the model's context of 32 tokens"]
+    left_out, compared = (line.split() for line in out.strip().splitlines()[-2:])
+    assert left_out == ["rms-pre", "pre-rmsnorm", "—", "—", "—"]
+    assert compared[:2] == ["context64", "pre-rmsnorm"] and compared[2] != "—"
 
 
 @pytest.mark.parametrize("flags, message", [
