@@ -23,6 +23,7 @@ The loss comes from the model's logits, so every family is measured the same way
 """
 
 import argparse
+import json
 import math
 import sys
 from dataclasses import dataclass, fields
@@ -52,6 +53,7 @@ from data import (
     load_tokenizer,
     prepare_split,
 )
+from data.corpus import is_embedded
 from model import norm_variant
 from trainer.checkpoint import load_newest, tokenizer_problem
 from trainer.evaluation import evaluate
@@ -126,6 +128,18 @@ def load(path, tokenizer_path=None, device="cpu"):
 def display_name(path) -> str:  # the run folder's name, also for a step folder in it
     path = Path(path).absolute()
     return path.parent.name if path.name.startswith("step-") else path.name
+
+
+def trained_on(path) -> str | None:
+    """The --data_path a run recorded in its summary.json (path: the run folder
+    or a step folder in it); None for the embedded plays, or where none is recorded."""
+    path = Path(path).absolute()
+    summary = (path.parent if path.name.startswith("step-") else path) / "summary.json"
+    try:
+        data = json.loads(summary.read_text(encoding="utf-8"))["args"]["data_path"]
+    except (OSError, ValueError, KeyError, TypeError):  # none, or not the trainer's
+        return None
+    return None if is_embedded(data) else data
 
 
 # a MiniMind model's normalization setup, or another model's type
@@ -362,13 +376,18 @@ def main(argv=None) -> None:
     device = pick_device(args.device)
     sampling = Sampling(**{f.name: getattr(args, f.name) for f in fields(Sampling)})
     eval_kwargs = None
+    paths = ([args.model_path] if args.model_path else []) + (args.compare or [])
+    # --eval_data alone is the held-out plays, whatever a run trained on
+    for path in paths if args.eval_data == "default" else []:
+        if data := trained_on(path):
+            print(f"warning: {display_name(path)} was trained on {data}; --eval_data alone "
+                  f"measures the held-out plays (--eval_data {data}: its own)", file=sys.stderr)
     if args.eval_data is not None:
         eval_kwargs = dict(data_path=args.eval_data, text_field=args.text_field,
                            progress=True, batch_size=args.batch_size,
                            seq_len=args.seq_len, max_batches=args.eval_batches)
 
     if args.compare:
-        paths = ([args.model_path] if args.model_path else []) + args.compare
         prompts = args.prompt or DEFAULT_PROMPTS
         results = compare(paths, prompts, sampling, device, args.tokenizer_path,
                           eval_kwargs)

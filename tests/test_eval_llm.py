@@ -159,6 +159,20 @@ def test_compare_uses_one_seed_and_leaves_out_a_run_without_a_checkpoint(trained
         "error: nothing to compare: no model could be loaded and run (the warnings above say why)"]
 
 
+def test_eval_data_alone_on_a_run_of_other_data_warns_that_it_measures_the_plays(trained_run, post_dir,
+                                                                                 tiny_corpus, capsys):
+    step = next(p for p in trained_run.iterdir() if p.name.startswith("step-"))
+    assert eval_llm.trained_on(trained_run) == eval_llm.trained_on(step) == tiny_corpus
+    assert eval_llm.trained_on(post_dir) is None  # a model folder: no run's record
+    capsys.readouterr()
+    main(["--device", "cpu", "--model_path", str(step), "--eval_data", "--eval_batches", "1"])
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")] == [
+        f"warning: rms-pre was trained on {tiny_corpus}; --eval_data alone measures the held-out plays "
+        f"(--eval_data {tiny_corpus}: its own)"]
+    main(["--device", "cpu", "--model_path", str(step), "--eval_data", tiny_corpus, "--eval_batches", "1"])
+    assert "warning:" not in capsys.readouterr().err
+
+
 def test_compare_leaves_out_a_model_too_short_for_the_windows_and_warns_of_unequal_ones(
         trained_run, tiny_tokenizer, tiny_corpus, tmp_path, capsys):
     longer = tmp_path / "context64"
