@@ -110,6 +110,10 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
         raise UserError("--tune_lr trains its grid's runs side by side: use --parallel runs")
     own.trainer_flags = rest  # each run adds its own (study/runner.py run_args)
     base = trainer_args.parse_args(rest)
+    side_by_side = int(os.environ.get("WORLD_SIZE", "1")) > 1 and own.parallel == "runs"
+    if side_by_side and ":" in base.device:  # the trainer would put every rank on that one GPU
+        raise UserError(f"--parallel runs trains each rank on its own GPU: give --device cuda, "
+                        f"not {base.device}")
     own.lr_from = lr_records(own.lr_from, variants, own.depths or [base.num_hidden_layers], own.tune_lr)
     # each value once: a repeated seed or variant is the same run, which would weigh twice in every mean
     own.variants, own.seeds = list(dict.fromkeys(variants)), list(dict.fromkeys(own.seeds))

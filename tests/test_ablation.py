@@ -123,6 +123,14 @@ def test_bad_study_flags_are_one_line_refused_before_anything_trains(flags, mess
     assert err == message if message.startswith("error: ") else message in err, err
 
 
+def test_runs_side_by_side_refuse_a_gpu_index_that_would_put_every_rank_on_one_gpu(capsys, monkeypatch,
+                                                                                    tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert refused(capsys, monkeypatch, tmp_path, "--device", "cuda:1") == (
+        "error: --parallel runs trains each rank on its own GPU: give --device cuda, not cuda:1")
+
+
 def test_study_flags_are_completed_from_the_trainers_and_all_is_every_variant_that_makes_a_model():
     # every position is a placement of its own, and every placement pairs with every norm type
     assert set(NORM_POSITIONS) <= set(PLACEMENTS) | {"rezero"}

@@ -238,6 +238,9 @@ def start_or_resume(job: Job) -> TrainState:
         state.run_id = saved["wandb_run_id"]
         runtime.restore_rng(saved["rng"])
     if args.compile:
+        # a study trains many models in one process: past Dynamo's recompile limit
+        # (8 per function) the next ones would silently run eager
+        torch._dynamo.reset()
         state.model = torch.compile(raw_model)
     if job.world_size > 1:
         gpu = [job.device.index] if job.device.type == "cuda" else None
@@ -411,8 +414,9 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
             if not (log_now or eval_now or save_now
                     or (job.world_size == 1 and stop.requested)):
                 continue
-            state.train_time += time.perf_counter() - t0
             mean_loss = agree(job, state, window_loss, window_steps, first_loss, stop)
+            # read only now: agree waited for the device, whose queued steps count too (CUDA)
+            state.train_time += time.perf_counter() - t0
             if state.divergence:
                 break
             if log_now and job.master:
