@@ -149,17 +149,17 @@ def test_exact_resume(tmp_path, tiny_flags, optimizer):
 
 
 @pytest.mark.slow  # three inductor compiles
-def test_runs_in_one_process_each_compile_afresh(tmp_path, tiny_flags, fresh_dynamo, monkeypatch):
+def test_runs_in_one_process_each_compile_afresh(tmp_path, tiny_flags, fresh_dynamo):
     """A study trains its runs in one process: Dynamo's cache of the forward, kept from run to run, would
     pass its recompile limit (8) at the ninth model and leave it eager, with a log line only. Here the limit
     is 2 and hitting it fails, so that three models of three depths show it."""
     import torch._dynamo
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
-    for depth in (1, 2, 3):
-        train_in_process([*tiny_flags, "--out_dir", tmp_path / f"L{depth}", "--num_hidden_layers", depth,
-                          "--max_steps", 2, "--eval_interval", 2, "--compile"])
+    # (torch's own patch: monkeypatch's undo would leave the config module's entries hidden)
+    with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
+        for depth in (1, 2, 3):
+            train_in_process([*tiny_flags, "--out_dir", tmp_path / f"L{depth}", "--num_hidden_layers", depth,
+                              "--max_steps", 2, "--eval_interval", 2, "--compile"])
 
 
 def test_a_run_records_its_order_and_epochs_and_refuses_to_resume_an_older_order(tmp_path, tiny_flags):
