@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import NORM_POSITIONS, NORM_TYPES, MiniMindConfig, MiniMindForCausalLM, count_norms
+from model import NORM_POSITIONS, NORM_TYPES, MiniMindConfig, MiniMindForCausalLM, count_norms, model_minimind
 from model.model_minimind import QKV_PLACEMENTS
 from tests.tiny import TINY, ids, placed, tiny_model, with_weights_of
 
@@ -20,7 +20,8 @@ def test_default_is_minimind2_small():
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size) == (8, 2, 1408)
     assert (cfg.rope_theta, cfg.rms_norm_eps) == (1e6, 1e-5)
     assert sum(p.numel() for p in model.parameters()) == 25_829_888
-    assert count_norms(model) == 17
+    # the count, also from the file that declares the model
+    assert count_norms(model) == model_minimind.count_norms(model) == 17
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
