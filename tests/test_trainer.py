@@ -70,6 +70,9 @@ def test_a_run_shorter_than_its_warmup_gets_one_warning(tmp_path, tiny_flags, ca
     assert warnings == ["warning: --warmup_steps 8 is longer than the run (--max_steps 2): the lr rises to "
                         "25% of --learning_rate and never decays; set --warmup_steps at most --max_steps"]
     train_in_process([*tiny_flags, "--out_dir", tmp_path / "full", "--max_steps", 2, "--warmup_steps", 2])
+    # a first part of a longer schedule, to --resume
+    train_in_process([*tiny_flags, "--out_dir", tmp_path / "part", "--max_steps", 2, "--warmup_steps", 8,
+                      "--lr_decay_steps", 16])
     assert "--warmup_steps" not in capsys.readouterr().err
 
 

@@ -353,7 +353,8 @@ def open_tracking(job: Job, state: TrainState) -> Tracker:
               "(the model spends its capacity spelling out bytes); "
               "pass one trained on it, from scripts/train_tokenizer.py", file=sys.stderr)
     # e.g. --max_steps 20 on CPU, whose default warmup is 100 steps
-    if args.warmup_steps > args.max_steps:
+    # (with --lr_decay_steps the schedule is meant to go on after a --resume)
+    if args.lr_decay_steps is None and args.warmup_steps > args.max_steps:
         print(f"warning: --warmup_steps {args.warmup_steps} is longer than the run "
               f"(--max_steps {args.max_steps}): the lr rises to "
               f"{args.max_steps / args.warmup_steps:.0%} of --learning_rate and never decays; "
