@@ -125,16 +125,19 @@ def load(path, tokenizer_path=None, device="cpu"):
     return lm.to(device).eval(), tokenizer
 
 
-def display_name(path) -> str:  # the run folder's name, also for a step folder in it
+def run_folder(path) -> Path:  # a step folder's run folder; any other folder itself
     path = Path(path).absolute()
-    return path.parent.name if path.name.startswith("step-") else path.name
+    return path.parent if path.name.startswith("step-") else path
+
+
+def display_name(path) -> str:
+    return run_folder(path).name
 
 
 def trained_on(path) -> str | None:
     """The --data_path a run recorded in its summary.json (path: the run folder
     or a step folder in it); None for the embedded plays, or where none is recorded."""
-    path = Path(path).absolute()
-    summary = (path.parent if path.name.startswith("step-") else path) / "summary.json"
+    summary = run_folder(path) / "summary.json"
     try:
         data = json.loads(summary.read_text(encoding="utf-8"))["args"]["data_path"]
     except (OSError, ValueError, KeyError, TypeError):  # none, or not the trainer's

@@ -17,7 +17,7 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
     path = Path(path) if path else DEFAULT_TOKENIZER_DIR
     # Checked first:
     # AutoTokenizer would take a missing "a/b" for a Hub model and go online.
-    if path.name == "tokenizer.json" and path.is_file():
+    if path.is_file():  # tokenizer.json, say
         raise UserError(f"{path}: pass the folder that holds it, {path.parent}")
     if not path.is_dir():
         raise UserError(f"{path}: no such folder")

@@ -82,13 +82,13 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     variants = [v for v in VARIANTS if not variant_problem(v)] if own.variants == ["all"] else own.variants
     for v in variants:
         try:
-            variant_fields(v)
+            fields = variant_fields(v)
         except ValueError as err:
             raise UserError(f"--variants: {err}") from None
         if problem := variant_problem(v):
             raise UserError(f"variant {v!r} makes no model ({problem})")
         # one model, one name: two spellings of it would train it twice, under two folders
-        if (spelled := norm_variant(with_implied(variant_fields(v)))) != v:
+        if (spelled := norm_variant(with_implied(fields))) != v:
             raise UserError(f"variant {v!r} is the model its runs record as {spelled!r}: use that name")
     own.tune_lr_for = dict(own.tune_lr_for)
     if own.tune_lr is None and (own.tune_lr_for or own.tune_seeds):
