@@ -25,6 +25,7 @@ The loss comes from the model's logits, so every family is measured the same way
 import argparse
 import json
 import math
+import shlex
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -135,14 +136,18 @@ def display_name(path) -> str:
 
 
 def trained_on(path) -> str | None:
-    """The --data_path a run recorded in its summary.json (path: the run folder
-    or a step folder in it); None for the embedded plays, or where none is recorded."""
+    """The data a run recorded in its summary.json (path: the run folder
+    or a step folder in it), as --eval_data takes it, with --text_field
+    where that is not "text"; None for the embedded plays, or where none is recorded."""
     summary = run_folder(path) / "summary.json"
     try:
-        data = json.loads(summary.read_text(encoding="utf-8"))["args"]["data_path"]
+        args = json.loads(summary.read_text(encoding="utf-8"))["args"]
+        data, field = args["data_path"], args["text_field"]
     except (OSError, ValueError, KeyError, TypeError):  # none, or not the trainer's
         return None
-    return None if is_embedded(data) else data
+    if is_embedded(data):
+        return None
+    return shlex.quote(data) + (f" --text_field {shlex.quote(field)}" if field != "text" else "")
 
 
 # a MiniMind model's normalization setup, or another model's type

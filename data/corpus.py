@@ -3,6 +3,8 @@ the embedded plays, local files or folders,
 or a Hugging Face Hub dataset ("owner/name[:config[:split]]"),
 each split loaded as a `datasets` dataset with one column, "text",
 one row per non-empty document.
+A folder's files take the splits their names give (validation-*, dev.jsonl, valid/, ...;
+test files are left out, the rest is training text).
 A source without a validation split of its own holds out non-empty document i
 (0-based, in source order; a folder's files in sorted path order)
 iff i % HOLDOUT_EVERY == 0.
@@ -13,11 +15,13 @@ import importlib.metadata
 import json
 import logging
 import re
+import sys
 from pathlib import Path
 
 import datasets
 import huggingface_hub
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from common.cli import UserError, first_line
 from common.fs import out_of_space
@@ -32,6 +36,9 @@ DEFAULT_PROMPTS = ("**HAMLET**  \nTo be, or not to be,",
                    "**KING**  \nMy lords,",
                    "## ACT I\n\n### SCENE I. A street.\n\n")
 HOLDOUT_EVERY = 100
+# the words that put a folder's file in a split other than train
+SPLIT_NAMES = {"validation": {"validation", "valid", "val", "dev"},
+               "test": {"test", "testing"}}
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+(:[\w.-]*(:[\w.-]+)?)?")
 HUB_TIMEOUT_S = 10
@@ -42,7 +49,7 @@ HINT = ("give a .jsonl/.json/.txt/.parquet file or folder of them, "
 
 
 def is_embedded(data_path: str | None) -> bool:
-    return data_path in (None, "", "default")
+    return data_path in (None, "default")
 
 
 def is_hub(data_path: str | None) -> bool:
@@ -68,21 +75,58 @@ def shakespeare_plays() -> list[Path]:
     return [Path(dist.locate_file(name)) for name in names]
 
 
-def local_files(data_path: str) -> list[Path]:
-    """The files a local path stands for,
+def local_splits(data_path: str) -> dict[str, list[Path]]:
+    """The files a local path stands for, by split ("train", maybe "validation"):
+    a folder's as their names give them (test files and hidden ones left out),
     checked to exist, be of one known kind, not all empty."""
     path = Path(data_path).expanduser()
+    if not data_path.strip():  # e.g. --data_path "$UNSET"
+        raise UserError(f"the data path is empty; {HINT}")
     if not path.exists():
         raise UserError(f"{data_path}: no such file or folder; {HINT}")
-    files = [path] if not path.is_dir() else sorted(
-        f for f in path.rglob("*") if f.suffix in BUILDERS and f.is_file())
+    if not path.is_dir():
+        splits = {"train": [path]}
+    elif any(path.glob("*.arrow")):
+        raise UserError(f"{data_path}: a dataset saved by datasets' save_to_disk, "
+                        "which this does not read; write it out with "
+                        "its to_parquet or to_json, and pass that")
+    else:
+        splits = {"train": [], "validation": [], "test": []}
+        for file in sorted(path.rglob("*")):
+            relative = file.relative_to(path)
+            # hidden: e.g. a notebook's .ipynb_checkpoints copies
+            hidden = any(part.startswith(".") for part in relative.parts)
+            if file.suffix in BUILDERS and file.is_file() and not hidden:
+                splits[split_named(relative)].append(file)
+        if splits["validation"] and not splits["train"]:
+            raise UserError(f"{data_path}: holds validation files but no others "
+                            "to train on")
+        splits = {split: files for split, files in splits.items()
+                  if files and split != "test"}
+    files = [f for split_files in splits.values() for f in split_files]
     if not files or len({BUILDERS.get(f.suffix) for f in files} - {None}) != 1:
         raise UserError(f"{data_path}: not .jsonl, .json, .txt or .parquet data "
                         f"of one kind; {HINT}")
     # checked here: datasets fails on an empty file in its own ways
     if not any(map(_has_content, files)):
         raise UserError(f"{data_path}: is empty; it needs at least one document of text")
-    return files
+    return splits
+
+
+def split_named(relative: Path) -> str:
+    """The split a folder's file is in, by the words of its path, as datasets
+    names splits (data/validation-00000-of-00001.parquet, dev.jsonl, valid/, ...);
+    a file of no split's name is training text."""
+    words = set(re.split(r"[-._ /0-9]+", relative.with_suffix("").as_posix().lower()))
+    for split, names in SPLIT_NAMES.items():
+        if words & names:
+            return split
+    return "train"
+
+
+def local_files(data_path: str) -> list[Path]:
+    """Every file a local path stands for, train's first."""
+    return [f for files in local_splits(data_path).values() for f in files]
 
 
 def _has_content(path: Path) -> bool:
@@ -99,9 +143,10 @@ def source_identity(data_path: str | None) -> dict:
     if is_hub(data_path):
         return {"hub": data_path, "revision": _hub_revision(data_path),
                 "holdout_every": HOLDOUT_EVERY}
-    files = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns]
-             for f in local_files(data_path)]
-    return {"files": files, "holdout_every": HOLDOUT_EVERY}
+    splits = {split: [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns]
+                      for f in files]
+              for split, files in local_splits(data_path).items()}
+    return {"splits": splits, "holdout_every": HOLDOUT_EVERY}
 
 
 def _hub_revision(spec: str) -> str | None:
@@ -125,10 +170,12 @@ def reading(data_path: str | None):
     into one UserError,
     naming file and line for malformed JSON (datasets' errors name neither);
     also around a streamed dataset's iteration (lazy)."""
-    json_log = logging.getLogger("datasets.packaged_modules.json.json")
-    level = json_log.level
-    # it logs the bare parse error before raising; we report it once
-    json_log.setLevel(logging.CRITICAL)
+    # they log the bare parse error before raising; we report it once
+    logs = [logging.getLogger(f"datasets.packaged_modules.{kind}.{kind}")
+            for kind in ("json", "parquet")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.CRITICAL)
     try:
         yield
     except Exception as err:
@@ -146,22 +193,7 @@ def reading(data_path: str | None):
             raise
         kinds = {}  # the fields of each file's first record -> the first file with them
         for path in (f for f in local_files(data_path) if BUILDERS[f.suffix] == "json"):
-            with path.open(encoding="utf-8", errors="replace") as f:
-                # one JSON array: its line numbers are json's own
-                array = f.read(1) == "["
-                f.seek(0)
-                fields = None  # its first record's
-                for number, line in [(1, f.read())] if array else enumerate(f, 1):
-                    try:
-                        record = json.loads(line) if line.strip() else None
-                    except json.JSONDecodeError as e:
-                        raise UserError(f"{path}:{number + e.lineno - 1}: "
-                                        f"malformed JSON ({e.msg})") from None
-                    if array and record:
-                        record = record[0]
-                    if fields is None and isinstance(record, dict):
-                        fields = ", ".join(record)
-            if fields is not None:
+            if (fields := _first_fields(path)) is not None:
                 kinds.setdefault(fields, path.name)
         # datasets reads a folder as one table: files of other fields do not cast
         if len(kinds) > 1:
@@ -169,10 +201,56 @@ def reading(data_path: str | None):
             raise UserError(f"{data_path}: its files hold different fields "
                             f"({file}: {fields}; {other_file}: {other_fields}); "
                             "keep one kind of record in a folder") from None
+        for path in local_files(data_path):
+            _name_unreadable(path)
         raise UserError(f"{data_path}: cannot read it "
                         f"({first_line(err.__cause__ or err)})") from None
     finally:
-        json_log.setLevel(level)
+        for log, level in zip(logs, levels, strict=True):
+            log.setLevel(level)
+
+
+def _first_fields(path: Path, lines: bool = False) -> str | None:
+    """The fields of a JSON file's first record, the file read as one document
+    (an array, or a .json file's one object, maybe indented) or as JSON lines;
+    a UserError naming file and line where it is malformed."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        whole = not lines and (path.suffix == ".json" or f.read(1) == "[")
+        f.seek(0)
+        fields = None
+        # one document: its line numbers are json's own
+        for number, text in [(1, f.read())] if whole else enumerate(f, 1):
+            try:
+                record = json.loads(text) if text.strip() else None
+            except json.JSONDecodeError as e:
+                if whole and e.msg == "Extra data":  # JSON lines, in a .json file
+                    return _first_fields(path, lines=True)
+                raise UserError(f"{path}:{number + e.lineno - 1}: "
+                                f"malformed JSON ({e.msg})") from None
+            if isinstance(record, list) and record:
+                record = record[0]
+            if fields is None and isinstance(record, dict):
+                fields = ", ".join(record)
+    return fields
+
+
+def _name_unreadable(path: Path) -> None:
+    """A UserError naming a file that cannot be read, and in text the line:
+    among a folder's many files, datasets' own error names neither."""
+    if path.suffix == ".parquet":
+        try:
+            pq.read_metadata(path)
+        except pa.ArrowException as err:  # e.g. cut short by a stopped download
+            raise UserError(f"{path}: not a readable parquet file "
+                            f"({first_line(err)})") from None
+        return
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise UserError(f"{path}:{number}: not UTF-8 text "
+                                f"(byte {line[err.start]:#x}); save it as UTF-8") from None
 
 
 def _load_hub(spec: str, split: str, streaming: bool):
@@ -207,12 +285,14 @@ def _open(data_path: str | None, split: str, streaming: bool):
         return (ds.to_iterable_dataset() if streaming else ds), False
     if is_hub(data_path):
         return _load_hub(data_path, split, streaming)
-    files = local_files(data_path)
+    splits = local_splits(data_path)
+    holdout = "validation" not in splits
+    files = splits["train" if holdout else split]
     builder = BUILDERS[files[0].suffix]
     options = {"sample_by": "paragraph"} if builder == "text" else {}
     with reading(data_path):
         return datasets.load_dataset(builder, data_files=[str(f) for f in files],
-                                     split="train", streaming=streaming, **options), True
+                                     split="train", streaming=streaming, **options), holdout
 
 
 def load_texts(data_path: str | None, split: str, text_field: str = "text",
@@ -240,6 +320,11 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text",
                             f"its fields are {', '.join(first)} "
                             "(pick one with --text_field)")
         ds = ds.select_columns([text_field])
+        # a JSON record without the field reads as null (a streamed dataset is not counted)
+        missing = ds.data.column(0).null_count if isinstance(ds, datasets.Dataset) else 0
+        if missing:
+            print(f"warning: {where}: {missing:,} of {len(ds):,} records have no "
+                  f"{text_field!r}; they are left out", file=sys.stderr)
         ds = ds.rename_column(text_field, "text") if text_field != "text" else ds
         ds = ds.filter(has_text, input_columns="text", batched=True)
         if next(iter(ds), None) is None:
@@ -253,6 +338,8 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text",
                 input_columns="text", with_indices=True, batched=True)
             # only train can be empty: document 0 always goes to validation
             if next(iter(ds), None) is None:
+                hint = (" (a .txt file's documents are separated by blank lines)"
+                        if where.endswith(".txt") else "")
                 raise UserError(f"{where}: has a single document; "
-                                "it needs 2 or more to hold one out")
+                                f"it needs 2 or more to hold one out{hint}")
     return ds

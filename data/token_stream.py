@@ -17,7 +17,7 @@ from tqdm import tqdm
 from common.cli import UserError
 from common.environment import usable_cores
 from common.fs import replaced, space_needed, taking_turns, write_atomically
-from data.corpus import load_texts, reading, source_identity
+from data.corpus import HOLDOUT_EVERY, load_texts, reading, source_identity
 from data.tokenizer import tokenizer_fingerprint
 
 # bump when the packing, splitting or metadata rules change, so old caches are not reused
@@ -169,9 +169,12 @@ class BatchSampler:
                  rank: int = 0, world_size: int = 1, shuffle: bool = True):
         if len(tokens) < seq_len + 1:
             split = "training" if shuffle else "validation"  # evaluation reads the validation split
+            held_out = (" (a source without a validation split of its own holds out "
+                        f"every {HOLDOUT_EVERY}th document, from document 0)")
             raise UserError(f"the {split} split has {len(tokens)} tokens, "
-                            f"fewer than seq_len + 1 = {seq_len + 1}; "
-                            "use a shorter sequence length or more data")
+                            f"fewer than seq_len + 1 = {seq_len + 1}; use a shorter "
+                            "sequence length (the trainer's --max_seq_len, eval_llm's "
+                            f"--seq_len) or more data{'' if shuffle else held_out}")
         self.tokens = tokens
         self.batch_size = batch_size
         self.seq_len = seq_len

@@ -305,18 +305,21 @@ def edited_corpus(tmp_path, tiny_corpus, tiny_texts) -> Path:
 
 
 @pytest.mark.parametrize("flags, refusal", [
-    (["--data_path", "EDITED"], "--resume: the train split is not the checkpoint's; pass the original"),
-    (["--tokenizer_path", DEFAULT_TOKENIZER_DIR], "--resume: the tokenizer is not the checkpoint's; pass"),
+    (["--data_path", "EDITED"], "--resume: the train split is not the checkpoint's (trained with "
+                                "--data_path CORPUS --tokenizer_path TOKENIZER); pass those flags"),
+    (["--tokenizer_path", DEFAULT_TOKENIZER_DIR], "--resume: the tokenizer is not the checkpoint's (trained"),
     (["--batch_size", "2"], "--resume: the checkpoint was trained with --batch_size 4, not 2; pass the same"),
     (["--seed", "1"], "--resume: the checkpoint was trained with --seed 0, not 1; pass the same value"),
     (["--norm", "layernorm"], "--resume: the checkpoint's model has --norm rmsnorm, not layernorm; pass"),
     (["--num_hidden_layers", "3"], "--resume: the checkpoint's model has --num_hidden_layers 2, not 3; pass"),
     (["--max_steps", "2"], "--resume: the checkpoint is at step 4, past --max_steps 2; pass a larger"),
 ], ids=["data", "tokenizer", "must-match flag", "seed", "norm", "depth", "max steps"])
-def test_resume_refuses_what_would_not_continue_the_same_run(flags, refusal, run_copy, run, edited_corpus):
+def test_resume_refuses_what_would_not_continue_the_same_run(flags, refusal, run_copy, run, edited_corpus,
+                                                             tiny_corpus, tiny_tokenizer_dir):
     before = snapshot(run_copy)
     with pytest.raises(UserError) as err:
         run(run_copy, "--max_steps", 6, "--resume", *[edited_corpus if f == "EDITED" else f for f in flags])
+    refusal = refusal.replace("CORPUS", tiny_corpus).replace("TOKENIZER", tiny_tokenizer_dir)
     assert str(err.value).startswith(refusal) and "\n" not in str(err.value)
     assert snapshot(run_copy) == before
 

@@ -57,7 +57,7 @@ def test_embedded_corpus_splits_by_play():
     raw = {p.stem: p.read_bytes().decode() for p in plays}
     assert list(validation["text"]) == [raw["the-tempest"], raw["hamlet"]]
     assert set(train["text"]) == {t for name, t in raw.items() if name not in VALIDATION_PLAYS}
-    assert [r["text"] for r in load_texts("", "validation", streaming=True)] == list(validation["text"])
+    assert [r["text"] for r in load_texts(None, "validation", streaming=True)] == list(validation["text"])
 
 
 def write_source(tmp_path: Path, name: str) -> str:
@@ -254,7 +254,10 @@ BAD_SOURCES = {  # file name, its content, the one-line error
     "empty.jsonl": ("", "{path}: is empty"),
     "blank.txt": ("\n\n  \n", "{path}: is empty"),
     "table.csv": ("text\nhello\n", "{path}: not .jsonl, .json, .txt or .parquet data"),
-    "latin1.txt": ("fine\n\ncaf\u00e9\n".encode("latin-1"), "{path}: cannot read it .*utf-8"),
+    "latin1.txt": ("fine\n\ncaf\u00e9\n".encode("latin-1"), "{path}:3: not UTF-8 text \\(byte 0xe9\\)"),
+    "cut.parquet": (b"PAR1 a download stopped short", "{path}: not a readable parquet file"),
+    "lines.txt": ("one document\na line each\n", "{path}: has a single document; it needs 2 or more to "
+                  "hold one out \\(a .txt file's documents are separated by blank lines\\)$"),
     "bad.jsonl": ('{"text": "a"}\n{"text": "b"}\n{"text": oops}\n{"text": 1}\n', "{path}:3: malformed JSON"),
     "bad.json": ('[{"text": "a"},\n {"text": b}]\n', "{path}:2: malformed JSON"),
     "numbers.jsonl": ('{"text": 1}\n{"text": 2}\n', "{path}: 'text' holds int values, not text"),
@@ -283,6 +286,53 @@ def test_a_folder_of_files_with_different_fields_names_two_of_them(tmp_path, str
     message = f"{tmp_path}: its files hold different fields (a.jsonl: text; b.jsonl: content, id); "
     with pytest.raises(UserError, match="^" + re.escape(message)):
         list(load_texts(str(tmp_path), "train", streaming=streaming))
+
+
+def test_a_folder_of_jsonl_beside_an_indented_json_names_their_fields(tmp_path):
+    """Not 'malformed JSON': an indented .json object is one document, not lines."""
+    write_jsonl(tmp_path / "a.jsonl", [{"text": f"a{i}"} for i in range(20)])
+    (tmp_path / "meta.json").write_text(json.dumps({"name": "plays", "license": "MIT"}, indent=2))
+    message = f"{tmp_path}: its files hold different fields (a.jsonl: text; meta.json: name, license); "
+    with pytest.raises(UserError, match="^" + re.escape(message)):
+        load_texts(str(tmp_path), "train")
+
+
+def test_a_folder_s_file_names_give_its_splits(tmp_path):
+    """As datasets names them (a Hub dataset's download holds data/train-00000-of-00001.parquet and
+    data/validation-...): the validation files are not trained on; test files and hidden folders (a
+    notebook's checkpoints) are left out; files of no split's name are training text."""
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data" / "train-00000-of-00001.jsonl", [{"text": f"t{i}"} for i in range(3)])
+    write_jsonl(tmp_path / "data" / "validation-00000-of-00001.jsonl", [{"text": "v0"}])
+    write_jsonl(tmp_path / "data" / "test-00000-of-00001.jsonl", [{"text": "x0"}])
+    write_jsonl(tmp_path / "interval.jsonl", [{"text": "i0"}])
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    write_jsonl(tmp_path / ".ipynb_checkpoints" / "interval-checkpoint.jsonl", [{"text": "copy"}])
+    assert list(load_texts(str(tmp_path), "train")["text"]) == ["t0", "t1", "t2", "i0"]
+    assert list(load_texts(str(tmp_path), "validation", streaming=True)) == [{"text": "v0"}]
+    (tmp_path / "interval.jsonl").unlink()
+    (tmp_path / "data" / "train-00000-of-00001.jsonl").unlink()
+    with pytest.raises(UserError, match="^" + re.escape(f"{tmp_path}: holds validation files but no others")):
+        load_texts(str(tmp_path), "train")
+
+
+def test_records_without_the_text_field_are_counted_in_a_warning(tmp_path, capsys):
+    records = [{"text": "a"}, {"content": "b"}, {"text": "c"}, {"content": "d"}]
+    path = write_jsonl(tmp_path / "mixed.jsonl", records)
+    assert list(load_texts(path, "train")["text"]) == ["c"]
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")] == [
+        f"warning: {path}: 2 of 4 records have no 'text'; they are left out"]
+
+
+@pytest.mark.parametrize("name, message", [
+    ("", "the data path is empty"),  # --data_path "$UNSET": not the embedded plays, nor the working folder
+    ("saved", "saved: a dataset saved by datasets' save_to_disk, which this does not read"),
+])
+def test_a_data_path_that_is_no_source_is_refused(tmp_path, monkeypatch, name, message):
+    datasets.Dataset.from_dict({"text": ["a", "b"]}).save_to_disk(tmp_path / "saved")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="^" + re.escape(message)):
+        load_texts(name, "train")
 
 
 def test_a_folder_mixing_kinds_is_refused(tmp_path):

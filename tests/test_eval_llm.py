@@ -1,6 +1,7 @@
 """eval_llm.py in-process: loading a run or checkpoint, generation (streamed, seeded, with and without the KV
 cache), held-out evaluation, --compare, and bad input (exported families: extras/tests/)."""
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -159,11 +160,16 @@ def test_compare_uses_one_seed_and_leaves_out_a_run_without_a_checkpoint(trained
         "error: nothing to compare: no model could be loaded and run (the warnings above say why)"]
 
 
-def test_eval_data_alone_on_a_run_of_other_data_warns_that_it_measures_the_plays(trained_run, post_dir,
-                                                                                 tiny_corpus, capsys):
+def test_eval_data_alone_on_a_run_of_other_data_warns_that_it_measures_the_plays(
+        trained_run, post_dir, tiny_corpus, tmp_path, capsys):
     step = next(p for p in trained_run.iterdir() if p.name.startswith("step-"))
     assert eval_llm.trained_on(trained_run) == eval_llm.trained_on(step) == tiny_corpus
     assert eval_llm.trained_on(post_dir) is None  # a model folder: no run's record
+    # a run of another field: eval_llm reads the field it is told, not the run's
+    summary = json.loads((trained_run / "summary.json").read_text())
+    summary["args"]["text_field"] = "body"
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert eval_llm.trained_on(tmp_path) == f"{tiny_corpus} --text_field body"
     capsys.readouterr()
     main(["--device", "cpu", "--model_path", str(step), "--eval_data", "--eval_batches", "1"])
     assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")] == [

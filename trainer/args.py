@@ -37,6 +37,8 @@ EPOCH_STEPS_ON_CPU = 771
 # Lr, schedule and intervals may change, to train further.
 MUST_MATCH = ("max_seq_len", "optimizer", "batch_size", "accumulation_steps",
               "weight_decay", "norm_weight_decay", "seed")
+# Flags that name a run's data (a --resume checks the data itself, by its tokens' hashes)
+DATA_FLAGS = ("data_path", "text_field", "tokenizer_path")
 # Flags that never change what a run computes:
 # a study may vary them and still reuse a finished run.
 BOOKKEEPING = ("out_dir", "resume", "overwrite", "keep_checkpoints", "no_layers_plot",

@@ -42,7 +42,14 @@ from model import (
 from model.names import VARIANT_SWITCHES
 from model.norms import NORM_MODULES
 from trainer import checkpoint, runtime
-from trainer.args import MUST_MATCH, RunConfig, final_lr, parse_args
+from trainer.args import (
+    DATA_FLAGS,
+    MUST_MATCH,
+    RunConfig,
+    build_parser,
+    final_lr,
+    parse_args,
+)
 from trainer.diagnostics import (
     block_grad_norms,
     flops_per_token,
@@ -301,8 +308,13 @@ def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
     for part in ("tokenizer", "train", "validation"):
         if saved["data"][part] != job.fingerprint[part]:
             what = part if part == "tokenizer" else f"{part} split"
-            raise UserError(f"--resume: the {what} is not the checkpoint's; "
-                            "pass the original --data_path and --tokenizer_path, "
+            defaults = build_parser()
+            flags = " ".join(f"--{name} {shlex.quote(str(saved['args'][name]))}"
+                             for name in DATA_FLAGS
+                             if saved["args"][name] != defaults.get_default(name))
+            raise UserError(f"--resume: the {what} is not the checkpoint's "
+                            f"(trained with {flags or 'the default data'}); "
+                            "pass those flags, with the data as it was then, "
                             "or start a new --out_dir")
     if saved["sampler"][0].get("order") != ORDER:
         raise UserError("--resume: the checkpoint was trained by an older version, "
