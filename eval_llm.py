@@ -56,7 +56,7 @@ from data import (
 )
 from data.corpus import is_embedded
 from model import norm_variant
-from trainer.checkpoint import load_newest, tokenizer_problem
+from trainer.checkpoint import load_newest, run_folder, tokenizer_problem
 from trainer.evaluation import evaluate
 from trainer.runtime import autocast, pick_device, resolve_dtype
 
@@ -124,11 +124,6 @@ def load(path, tokenizer_path=None, device="cpu"):
         raise UserError(f"{problem}; pass that one with --tokenizer_path, "
                         "or leave the flag out to use the model folder's own")
     return lm.to(device).eval(), tokenizer
-
-
-def run_folder(path) -> Path:  # a step folder's run folder; any other folder itself
-    path = Path(path).absolute()
-    return path.parent if path.name.startswith("step-") else path
 
 
 def display_name(path) -> str:

@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="stream the source instead of caching it as Arrow")
     args = parser.parse_args(argv)
     out = Path(args.out_dir)
+    if out.exists() and not out.is_dir():  # checked before the training, not after it
+        raise UserError(f"--out_dir {out} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()):  # e.g. the shipped data/tokenizer
         if others := sorted(p.name for p in out.iterdir() if p.name not in SAVED_FILES):  # a checkpoint?
             raise UserError(f"--out_dir {out} holds {', '.join(others)}, which --overwrite never deletes (it "

@@ -224,15 +224,21 @@ def test_a_bad_flag_is_refused_in_one_line(flags, message):
     assert str(err.value) == message
 
 
-@pytest.mark.parametrize("case", ["missing", "a file", "no weights", "tokenizer too big",
-                                  "tokenizer too small", "no room"])
+@pytest.mark.parametrize("case", ["missing", "a file", "a .pth", "MiniMind's out", "no weights",
+                                  "tokenizer too big", "tokenizer too small", "no room"])
 def test_bad_input_is_one_error_line(case, trained_run, tiny_tokenizer_dir, tmp_path, capsys):
     """A tokenizer of another size than the vocabulary is the wrong one (the trainer sizes them alike)."""
     MiniMindConfig(**TINY).save_pretrained(tmp_path / "weightless")
+    (tmp_path / "minimind-out").mkdir()
+    torch.save({}, tmp_path / "minimind-out" / "pretrain_512.pth")  # what MiniMind's trainers save
+    importer = ("MiniMind's .pth weights; import them into a model folder with "
+                "extras/interop/convert_from_minimind.py first")
     MiniMindForCausalLM(MiniMindConfig(**{**TINY, "vocab_size": 512})).save_pretrained(tmp_path / "vocab512")
     args, expected = {
         "missing": (["--model_path", tmp_path / "nope"], "no such folder"),
         "a file": (["--model_path", tmp_path / "weightless" / "config.json"], "a file, not a folder"),
+        "a .pth": (["--model_path", tmp_path / "minimind-out" / "pretrain_512.pth"], importer),
+        "MiniMind's out": (["--model_path", tmp_path / "minimind-out"], importer),
         "no weights": (["--model_path", tmp_path / "weightless", "--tokenizer_path", tiny_tokenizer_dir],
                        "no checkpoint loads (weightless: "),
         "tokenizer too big": (["--model_path", trained_run, "--tokenizer_path", DEFAULT_TOKENIZER_DIR],

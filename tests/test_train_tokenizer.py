@@ -32,6 +32,14 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, capsys, monkey
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_out_dir_that_is_a_file_is_refused_before_the_training(tmp_path, capsys, monkeypatch):
+    (tmp_path / "notes.txt").write_text("the user's")
+    monkeypatch.setattr(script, "train_tokenizer", lambda *args: pytest.fail("trained before the refusal"))
+    assert one_error_line(capsys, "--out_dir", str(tmp_path / "notes.txt")) == (
+        f"error: --out_dir {tmp_path / 'notes.txt'} is a file, not a folder")
+    assert (tmp_path / "notes.txt").read_text() == "the user's"
+
+
 def test_a_failed_save_is_one_line_and_leaves_the_old_files(tmp_path, tiny_corpus, monkeypatch, capsys):
     out = tmp_path / "tok"
     out.mkdir()

@@ -184,6 +184,11 @@ def fsync(path: Path) -> None:
         os.close(fd)
 
 
+def run_folder(path) -> Path:  # a step folder's run folder; any other folder itself
+    path = Path(path).absolute()
+    return path.parent if path.name.startswith("step-") else path
+
+
 def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, object]:
     """(model folder, load(model folder)) for a model folder (it has config.json)
     or a run folder, whose step folders are tried newest first:
@@ -191,6 +196,12 @@ def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, objec
     load raises UserError to refuse what it was given;
     any other error means the folder is damaged."""
     path = Path(path)
+    # what MiniMind's trainers save (weights alone), or their out folder
+    minimind = ((path.is_file() and path.suffix == ".pth")
+                or (any(path.glob("*.pth")) and not step_folders(path)))
+    if minimind and not (path / "config.json").is_file():
+        raise UserError(f"{path}: MiniMind's .pth weights; import them into a model "
+                        "folder with extras/interop/convert_from_minimind.py first")
     if not path.is_dir():
         what = "a file, not a folder" if path.exists() else "no such folder"
         raise UserError(f"{path}: {what}; "

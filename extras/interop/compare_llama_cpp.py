@@ -21,14 +21,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
+from transformers.utils import logging as hf_logging
 
 from common.cli import ArgumentParser, UserError, non_negative, positive_int, run_cli
 from data import load_texts, load_tokenizer, prepare_split
 from extras.interop.export import export_model
 
 
-def open_gguf(path: Path, context: int, threads: int):
-    """llama.cpp's model of the file, every llama.cpp thread count set to `threads`."""
+def llama_cpp_class(path: Path):
+    """llama_cpp.Llama, once the GGUF file is found: checked before the model and data load."""
     try:
         from llama_cpp import Llama
     except ImportError:
@@ -37,6 +38,12 @@ def open_gguf(path: Path, context: int, threads: int):
     if not path.is_file():
         raise UserError(f"{path}: no such GGUF file (write one with "
                         "extras/interop/convert_to_gguf.py)")
+    return Llama
+
+
+def open_gguf(path: Path, context: int, threads: int):
+    """llama.cpp's model of the file, every llama.cpp thread count set to `threads`."""
+    Llama = llama_cpp_class(path)
     # n_threads runs one token at a time, n_threads_batch a whole prompt; left unset, the
     # batch count defaults to every core, so --threads 1 would not mean one thread.
     # n_batch = n_ctx: a perplexity window goes through as one batch.
@@ -135,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.context < 2:  # a window of one token predicts nothing
         raise UserError(f"--context must be at least 2, got {args.context}")
+    llama_cpp_class(args.gguf)  # before minutes of loading
+    hf_logging.disable_progress_bar()  # the "Loading weights" bar beside the result lines
     r = compare(args.src, args.gguf, args.data_path, args.text_field, args.context, args.windows,
                 args.prompt, args.new_tokens, args.threads)
     same_greedy = r["greedy_transformers"] == r["greedy_llama_cpp"]

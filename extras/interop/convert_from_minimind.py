@@ -22,7 +22,7 @@ from transformers.utils import logging as hf_logging
 
 from common.cli import ArgumentParser, UserError, first_line, non_negative, positive_int, run_cli
 from common.fs import replaced, space_needed
-from data.tokenizer import load_tokenizer
+from data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from model import PRESETS, MiniMindConfig, MiniMindForCausalLM, norm_variant
 from model.model_minimind import with_implied
 
@@ -37,6 +37,10 @@ LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.")
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a MiniMind .pth: a plain state dict, or the "model" entry of a *_resume.pth."""
+    # torch.load reads a model folder's weights too, but their shapes are its config.json's
+    if (path.parent / "config.json").is_file():
+        raise UserError(f"{path}: the weights of a model folder, whose config.json gives their shapes; "
+                        f"pass the folder, {path.parent}, to eval_llm.py as it is")
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # no such file, not a torch file, truncated, objects weights_only refuses
@@ -113,7 +117,14 @@ def import_minimind(pth: Path, tokenizer_dir: Path, version: str = "auto",
     name); UserError if the weights are not one MiniMind model this repository can hold. flags: FLAGS'
     fields."""
     weights = load_state_dict(pth)
+    if not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        raise UserError(f"{tokenizer_dir}: no tokenizer.json; pass MiniMind's tokenizer folder "
+                        "(model/ in its repository)")
     tokenizer = load_tokenizer(tokenizer_dir)
+    # of the same size as MiniMind's, so the size check below would let it through
+    if tokenizer_fingerprint(tokenizer) == tokenizer_fingerprint(load_tokenizer()):
+        raise UserError(f"{tokenizer_dir}: this repository's tokenizer (trained on the plays), not "
+                        "MiniMind's; pass MiniMind's tokenizer folder (model/ in its repository)")
     if version == "auto":  # MiniMind-3 is the one with QK-norm
         version = "3" if any(k.endswith("self_attn.q_norm.weight") for k in weights) else "2"
     name, preset = VERSIONS[version]

@@ -22,7 +22,7 @@ from common.cli import ArgumentParser, UserError, run_cli
 from common.fs import replaced, space_needed
 from data.tokenizer import load_tokenizer
 from extras.interop.export import export_model
-from trainer.checkpoint import tokenizer_problem
+from trainer.checkpoint import run_folder, tokenizer_problem
 
 ARCHITECTURES = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen3": gguf.MODEL_ARCH.QWEN3,
                  "olmo2": gguf.MODEL_ARCH.OLMO2}
@@ -138,7 +138,8 @@ def write_gguf(path: Path, name: str, family: str, cfg, tensors, tokenizer, voca
     if tokenizer.unk_token_id is not None:
         writer.add_unk_token_id(tokenizer.unk_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
-    writer.add_add_bos_token(False)  # this repository's tokenizers add nothing when encoding
+    # a prompt starts after bos, as eval_llm encodes it and as documents follow one in training
+    writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
     if tokenizer.chat_template:  # MiniMind's own tokenizer has one
         writer.add_chat_template(tokenizer.chat_template)
@@ -194,7 +195,8 @@ def convert(src: Path, dst: Path, outtype: str = "f32") -> str:
     tensors = gguf_tensors(hf_model, family)
     expected = stored(tensors, outtype)
     with replaced(dst) as tmp, space_needed(dst.parent, "nothing was written"):
-        write_gguf(tmp, Path(src).resolve().name, family, hf_model.config, tensors, tokenizer, vocab, outtype)
+        name = run_folder(src).name  # a step folder's run, as eval_llm names it
+        write_gguf(tmp, name, family, hf_model.config, tensors, tokenizer, vocab, outtype)
         self_check(tmp, expected, vocab)
     print(f"wrote {family} GGUF ({outtype}, {len(tensors)} tensors, {len(vocab[0])} tokens, "
           f"{len(vocab[2])} merges) to {dst}; read back and checked")
@@ -203,7 +205,8 @@ def convert(src: Path, dst: Path, outtype: str = "f32") -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__)
-    parser.add_argument("src_dir", type=Path, help="the trainer's --out_dir, or a MiniMind checkpoint folder")
+    parser.add_argument("src_dir", type=Path, help="the trainer's --out_dir, or a model folder (an imported "
+                                                  "MiniMind .pth: docs/minimind-import.md)")
     parser.add_argument("dst_file", type=Path, help="the GGUF file to write (must not exist)")
     parser.add_argument("--outtype", choices=sorted(OUTTYPES), default="f32",
                         help="how weight matrices are stored (norm gains stay float32)")

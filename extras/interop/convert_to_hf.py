@@ -63,13 +63,15 @@ def convert(src: Path, dst: Path) -> str:
         if not diff <= TOLERANCE:
             raise UserError(f"the exported {type(target).__name__} differs from the checkpoint (max |logit "
                             f"difference| {diff:.2e} > {TOLERANCE:g}); nothing was written")
-    print(f"wrote {type(target).__name__} to {dst} (max |logit difference| {diff:.1e})")
+    untokenized = "" if tokenizer else f"; no tokenizer: {src} has no tokenizer.json"
+    print(f"wrote {type(target).__name__} to {dst} (max |logit difference| {diff:.1e}){untokenized}")
     return type(target).__name__
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__)
-    parser.add_argument("src_dir", type=Path, help="the trainer's --out_dir, or a MiniMind checkpoint folder")
+    parser.add_argument("src_dir", type=Path, help="the trainer's --out_dir, or a model folder (an imported "
+                                                  "MiniMind .pth: docs/minimind-import.md)")
     parser.add_argument("dst_dir", type=Path, help="new directory for the export (must not exist)")
     args = parser.parse_args(argv)
     hf_logging.disable_progress_bar()  # the bars of loading and writing weights beside the one result line

@@ -35,10 +35,11 @@ def hf_family(cfg) -> str:
                          f"no norms, which no Hugging Face family does; exportable: {ALLOWED}")
     if not NORM_TYPES[cfg.norm_type].hf_rmsnorm:
         raise ValueError(f"norm_type={cfg.norm_type!r} ({NORM_TYPES[cfg.norm_type].help}): the exportable "
-                         f"families normalize with RMSNorm only")
+                         f"families normalize with RMSNorm only; exportable: {ALLOWED}")
     if cfg.norm_scaling != "none":
         raise ValueError(f"norm_scaling={cfg.norm_scaling!r} scales the norm outputs by 1/sqrt(layer), which "
-                         "no Hugging Face family does (it adds no weights to carry it)")
+                         "no Hugging Face family does (it adds no weights to carry it); "
+                         f"exportable: {ALLOWED}")
     if cfg.v_norm != "none":
         raise ValueError(f"v_norm={cfg.v_norm!r} normalizes v per head, which Llama, Qwen3, OLMo 2 and Gemma "
                          "2/3 do not do (Gemma 3n/4 do, with other changes not matched here); "
@@ -59,8 +60,8 @@ def hf_family(cfg) -> str:
                          f"exportable: {ALLOWED}")
     if cfg.logit_softcap and not family.startswith("gemma"):
         raise ValueError(f"logit_softcap={cfg.logit_softcap:g} soft-caps the logits, which {family} does not "
-                         "do (of the exportable families only Gemma 2/3 do); export with logit_softcap=0, "
-                         "or as Gemma")
+                         "do (of the exportable families only Gemma 2/3 do); train without --logit_softcap, "
+                         f"or in a Gemma shape; exportable: {ALLOWED}")
     return family
 
 

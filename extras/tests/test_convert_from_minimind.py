@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from common.cli import run_cli
-from data import load_tokenizer
+from data import DEFAULT_TOKENIZER_DIR, load_tokenizer
 from eval_llm import load
 from extras.interop import convert_from_minimind
 from extras.interop.convert_to_hf import convert as convert_to_hf
@@ -114,6 +114,14 @@ NOT_HELD = "{pth}: not a MiniMind2 state dict this repository's model can hold"
                         "the tokenizer folder of the MiniMind version that trained them"),
     ("version_3_of_a_minimind2", "the state dict has no model.layers.0.self_attn.q_norm.weight, which "
                                  "MiniMind-3 has; is it a MiniMind-3 checkpoint?"),
+    # the same size as MiniMind's: without this refusal it would import without a word
+    ("shipped_tokenizer", "{tokenizer}: this repository's tokenizer (trained on the plays), not MiniMind's; "
+                          "pass MiniMind's tokenizer folder (model/ in its repository)"),
+    ("no_tokenizer", "{tokenizer}: no tokenizer.json; pass MiniMind's tokenizer folder (model/ in its "
+                     "repository)"),
+    # torch.load reads it, but the head count would be the version's default, not the folder's
+    ("model_folder", "{pth}: the weights of a model folder, whose config.json gives their shapes; pass the "
+                     "folder, {folder}, to eval_llm.py as it is"),
 ])
 def test_bad_input_is_one_line_on_the_command_line_and_writes_nothing(tmp_path, tiny_tokenizer_dir, capsys,
                                                                      case, line):
@@ -131,12 +139,16 @@ def test_bad_input_is_one_line_on_the_command_line_and_writes_nothing(tmp_path, 
     torch.save(state, pth)
     if case == "not_a_pth":
         pth.write_bytes(b"not a pickle")
+    elif case == "model_folder":
+        (tmp_path / "config.json").write_text("{}")
     flags = ["--version", "3"] if case == "version_3_of_a_minimind2" else ["--num_attention_heads", "4"]
-    argv = [str(pth), tiny_tokenizer_dir, str(tmp_path / "out"), *flags]
+    tokenizer = {"shipped_tokenizer": str(DEFAULT_TOKENIZER_DIR), "no_tokenizer": str(tmp_path)}.get(
+        case, tiny_tokenizer_dir)
+    argv = [str(pth), tokenizer, str(tmp_path / "out"), *flags]
     with pytest.raises(SystemExit) as exit_info:
         run_cli(lambda: convert_from_minimind.main(argv))
     lines = capsys.readouterr().err.strip().splitlines()
-    expected = "error: " + line.format(pth=pth, tokenizer=tiny_tokenizer_dir)
+    expected = "error: " + line.format(pth=pth, tokenizer=tokenizer, folder=tmp_path)
     assert exit_info.value.code == 2 and len(lines) == 1
     assert lines[0].startswith(expected) if case == "not_a_pth" else lines[0] == expected
     assert not (tmp_path / "out").exists()

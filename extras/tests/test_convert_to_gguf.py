@@ -133,7 +133,14 @@ def test_gguf_computes_what_the_checkpoint_does(tmp_path, tiny_tokenizer, family
     assert meta["tokenizer.ggml.merges"] == [" ".join(m) for m in spec["model"]["merges"]]
     assert meta["tokenizer.ggml.token_type"][:4] == [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL]
     assert meta["tokenizer.ggml.eos_token_id"] == meta["tokenizer.ggml.bos_token_id"] == 0  # <|endoftext|>
-    assert meta["tokenizer.ggml.add_bos_token"] is False
+    # llama.cpp starts a prompt after bos, as eval_llm does
+    assert meta["tokenizer.ggml.add_bos_token"] is True
+
+
+def test_a_step_folder_s_file_is_named_by_its_run(tmp_path, tiny_tokenizer):
+    tiny_checkpoint(tmp_path / "hamlet" / "step-000004", tiny_tokenizer)
+    convert_to_gguf.convert(tmp_path / "hamlet" / "step-000004", tmp_path / "m.gguf", "f32")
+    assert read_gguf(tmp_path / "m.gguf")[0]["general.name"] == "hamlet"
 
 
 # case -> (the checkpoint's config overrides, the one line printed after "error: ", as a regex). What no
@@ -209,3 +216,7 @@ def test_threads_sets_every_llama_cpp_thread_count(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # what a missing package raises
     with pytest.raises(UserError, match="pip install llama-cpp-python"):
         compare_llama_cpp.open_gguf(tmp_path / "m.gguf", context=64, threads=1)
+    # the command line says so before it loads the model and the data
+    monkeypatch.setattr(compare_llama_cpp, "export_model", lambda src: pytest.fail("loaded first"))
+    with pytest.raises(UserError, match="pip install llama-cpp-python"):
+        compare_llama_cpp.main([str(tmp_path), str(tmp_path / "m.gguf")])

@@ -7,6 +7,8 @@ import io
 import json
 import re
 import shutil
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,14 @@ def test_the_exported_tokenizer_loads_as_the_generic_class_with_the_same_ids(tmp
         assert exported(text)["input_ids"] == raw.encode(text).ids == tokenizer(text)["input_ids"]
 
 
+def test_an_export_without_a_tokenizer_says_so(tmp_path, capsys):
+    """eval_llm, and any user of the export, needs one: the GGUF converter refuses such a source."""
+    tiny_model(perturb=False).save_pretrained(tmp_path / "src")
+    convert_to_hf.convert(tmp_path / "src", tmp_path / "hf")
+    no_tokenizer = f"; no tokenizer: {tmp_path / 'src'} has no tokenizer.json"
+    assert capsys.readouterr().out.strip().endswith(no_tokenizer)
+
+
 @pytest.mark.parametrize("converter", [convert_to_hf, convert_to_gguf], ids=["hf", "gguf"])
 def test_converters_refuse_a_damaged_step_and_export_a_runs_newest_intact_one(converter, tiny_tokenizer,
                                                                               tmp_path, capsys):
@@ -125,8 +135,12 @@ def test_a_folders_own_code_never_runs_with_yes_on_stdin(planted, trained_run, t
     (folder / planted).write_text(json.dumps(json.loads((folder / planted).read_text()) | payload))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 9))
+    # compare_llama_cpp loads the folder once it has found llama_cpp and the GGUF file
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=None))
+    (folder / "m.gguf").write_bytes(b"")
     for script, args in [(convert_to_hf, [folder, "hf"]), (convert_to_gguf, [folder, "m.gguf"]),
-                         (compare_llama_cpp, [folder, "m.gguf"]), (eval_llm, ["--model_path", folder])]:
+                         (compare_llama_cpp, [folder, folder / "m.gguf"]),
+                         (eval_llm, ["--model_path", folder])]:
         with pytest.raises(SystemExit):
             run_cli(lambda: script.main(list(map(str, args))))  # noqa: B023  (called at once)
         (line,) = capsys.readouterr().err.strip().splitlines()

@@ -3,7 +3,7 @@ what stands in the way (test_convert_to_hf.py exports what it accepts)."""
 
 import pytest
 
-from extras.interop.hf_export import hf_family
+from extras.interop.hf_export import ALLOWED, hf_family
 from model import MiniMindConfig
 from tests.tiny import TINY, placed
 
@@ -34,7 +34,9 @@ REFUSED = {
 
 @pytest.mark.parametrize("overrides,word", REFUSED.values(), ids=list(REFUSED))
 def test_what_no_family_computes_is_refused_in_one_line_naming_why(overrides, word):
+    """And what is exportable: a user who fixes the one reason named would otherwise retrain into the next."""
     with pytest.raises(ValueError) as err:
         hf_family(MiniMindConfig(**TINY, **overrides))
     assert word in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert str(err.value).endswith(f"; exportable: {ALLOWED}")
 
