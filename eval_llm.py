@@ -140,7 +140,7 @@ def trained_on(path) -> str | None:
         data, field = args["data_path"], args["text_field"]
     except (OSError, ValueError, KeyError, TypeError):  # none, or not the trainer's
         return None
-    if is_embedded(data):
+    if not data or is_embedded(data):  # "": the plays, in earlier versions
         return None
     return shlex.quote(data) + (f" --text_field {shlex.quote(field)}" if field != "text" else "")
 

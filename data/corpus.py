@@ -36,9 +36,9 @@ DEFAULT_PROMPTS = ("**HAMLET**  \nTo be, or not to be,",
                    "**KING**  \nMy lords,",
                    "## ACT I\n\n### SCENE I. A street.\n\n")
 HOLDOUT_EVERY = 100
-# the words that put a folder's file in a split other than train
+# the words that put a folder's file in a split other than train, as datasets has them
 SPLIT_NAMES = {"validation": {"validation", "valid", "val", "dev"},
-               "test": {"test", "testing"}}
+               "test": {"test", "testing", "eval", "evaluation"}}
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+(:[\w.-]*(:[\w.-]+)?)?")
 HUB_TIMEOUT_S = 10
@@ -76,9 +76,9 @@ def shakespeare_plays() -> list[Path]:
 
 
 def local_splits(data_path: str) -> dict[str, list[Path]]:
-    """The files a local path stands for, by split ("train", maybe "validation"):
+    """The files a local path stands for, by split ("train" and/or "validation"):
     a folder's as their names give them (test files and hidden ones left out),
-    checked to exist, be of one known kind, not all empty."""
+    checked to exist, be of one known kind, no split all empty."""
     path = Path(data_path).expanduser()
     if not data_path.strip():  # e.g. --data_path "$UNSET"
         raise UserError(f"the data path is empty; {HINT}")
@@ -86,7 +86,7 @@ def local_splits(data_path: str) -> dict[str, list[Path]]:
         raise UserError(f"{data_path}: no such file or folder; {HINT}")
     if not path.is_dir():
         splits = {"train": [path]}
-    elif any(path.glob("*.arrow")):
+    elif any(path.rglob("*.arrow")):  # a Dataset's, or a DatasetDict's in split folders
         raise UserError(f"{data_path}: a dataset saved by datasets' save_to_disk, "
                         "which this does not read; write it out with "
                         "its to_parquet or to_json, and pass that")
@@ -98,9 +98,9 @@ def local_splits(data_path: str) -> dict[str, list[Path]]:
             hidden = any(part.startswith(".") for part in relative.parts)
             if file.suffix in BUILDERS and file.is_file() and not hidden:
                 splits[split_named(relative)].append(file)
-        if splits["validation"] and not splits["train"]:
-            raise UserError(f"{data_path}: holds validation files but no others "
-                            "to train on")
+        if splits["test"] and not splits["train"] and not splits["validation"]:
+            raise UserError(f"{data_path}: holds only test files "
+                            f"({splits['test'][0].name}, ...), which are not read")
         splits = {split: files for split, files in splits.items()
                   if files and split != "test"}
     files = [f for split_files in splits.values() for f in split_files]
@@ -108,8 +108,12 @@ def local_splits(data_path: str) -> dict[str, list[Path]]:
         raise UserError(f"{data_path}: not .jsonl, .json, .txt or .parquet data "
                         f"of one kind; {HINT}")
     # checked here: datasets fails on an empty file in its own ways
-    if not any(map(_has_content, files)):
+    empty = [split for split, split_files in splits.items()
+             if not any(map(_has_content, split_files))]
+    if empty == list(splits):
         raise UserError(f"{data_path}: is empty; it needs at least one document of text")
+    if empty:
+        raise UserError(f"{data_path}: its {empty[0]} files are empty")
     return splits
 
 
@@ -210,21 +214,22 @@ def reading(data_path: str | None):
             log.setLevel(level)
 
 
-def _first_fields(path: Path, lines: bool = False) -> str | None:
-    """The fields of a JSON file's first record, the file read as one document
-    (an array, or a .json file's one object, maybe indented) or as JSON lines;
-    a UserError naming file and line where it is malformed."""
+def _first_fields(path: Path, whole: bool | None = None) -> str | None:
+    """The fields of a JSON file's first record, the file read as JSON lines
+    or as one document (an array; a .json file whose first line is not JSON:
+    one object, indented); a UserError naming file and line where it is malformed."""
     with path.open(encoding="utf-8", errors="replace") as f:
-        whole = not lines and (path.suffix == ".json" or f.read(1) == "[")
-        f.seek(0)
+        if whole is None:
+            whole = f.read(1) == "["
+            f.seek(0)
         fields = None
         # one document: its line numbers are json's own
         for number, text in [(1, f.read())] if whole else enumerate(f, 1):
-            try:
-                record = json.loads(text) if text.strip() else None
+            try:  # a line's own newline would move json's error to the next line
+                record = json.loads(text.rstrip("\r\n")) if text.strip() else None
             except json.JSONDecodeError as e:
-                if whole and e.msg == "Extra data":  # JSON lines, in a .json file
-                    return _first_fields(path, lines=True)
+                if number == 1 and not whole and path.suffix == ".json":
+                    return _first_fields(path, whole=True)
                 raise UserError(f"{path}:{number + e.lineno - 1}: "
                                 f"malformed JSON ({e.msg})") from None
             if isinstance(record, list) and record:
@@ -287,7 +292,9 @@ def _open(data_path: str | None, split: str, streaming: bool):
         return _load_hub(data_path, split, streaming)
     splits = local_splits(data_path)
     holdout = "validation" not in splits
-    files = splits["train" if holdout else split]
+    files = splits.get("train" if holdout else split)
+    if files is None:  # a folder of validation files: evaluated, not trained on
+        raise UserError(f"{data_path}: holds validation files but no others to train on")
     builder = BUILDERS[files[0].suffix]
     options = {"sample_by": "paragraph"} if builder == "text" else {}
     with reading(data_path):
@@ -320,8 +327,10 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text",
                             f"its fields are {', '.join(first)} "
                             "(pick one with --text_field)")
         ds = ds.select_columns([text_field])
-        # a JSON record without the field reads as null (a streamed dataset is not counted)
-        missing = ds.data.column(0).null_count if isinstance(ds, datasets.Dataset) else 0
+        # a JSON record without the field reads as null (a streamed dataset is not
+        # counted); said once for a source that validation is held out of
+        counted = isinstance(ds, datasets.Dataset) and (split == "train" or not holdout)
+        missing = ds.data.column(0).null_count if counted else 0
         if missing:
             print(f"warning: {where}: {missing:,} of {len(ds):,} records have no "
                   f"{text_field!r}; they are left out", file=sys.stderr)

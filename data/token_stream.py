@@ -169,7 +169,7 @@ class BatchSampler:
                  rank: int = 0, world_size: int = 1, shuffle: bool = True):
         if len(tokens) < seq_len + 1:
             split = "training" if shuffle else "validation"  # evaluation reads the validation split
-            held_out = (" (a source without a validation split of its own holds out "
+            held_out = (" (where a source has no validation split of its own, it is "
                         f"every {HOLDOUT_EVERY}th document, from document 0)")
             raise UserError(f"the {split} split has {len(tokens)} tokens, "
                             f"fewer than seq_len + 1 = {seq_len + 1}; use a shorter "

@@ -26,6 +26,7 @@ from data import DEFAULT_TOKENIZER_DIR
 from model import MiniMindForCausalLM
 from trainer import checkpoint
 from trainer.args import parse_args
+from trainer.checkpoint import run_folder
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
 
@@ -415,3 +416,10 @@ def test_a_kill_9_loses_no_finished_step_and_resume_ends_where_an_uninterrupted_
     run(tmp_path / "straight", "--eval_interval", 1000, "--max_steps", end)
     assert train_losses(killed) == train_losses(tmp_path / "straight") and len(train_losses(killed)) == end
     assert same_weights(killed / f"step-{end:06d}", tmp_path / "straight" / f"step-{end:06d}")
+
+
+def test_a_run_folder_is_a_step_folders_parent_and_any_other_folder_itself(tmp_path, monkeypatch):
+    assert run_folder(tmp_path / "run" / "step-000040") == tmp_path / "run"
+    assert run_folder(tmp_path / "step-warmup") == tmp_path / "step-warmup"  # a user's --out_dir
+    monkeypatch.chdir(tmp_path)
+    assert run_folder("run/step-000040/..") == tmp_path / "run"  # a name, not ".."

@@ -260,6 +260,9 @@ BAD_SOURCES = {  # file name, its content, the one-line error
                   "hold one out \\(a .txt file's documents are separated by blank lines\\)$"),
     "bad.jsonl": ('{"text": "a"}\n{"text": "b"}\n{"text": oops}\n{"text": 1}\n', "{path}:3: malformed JSON"),
     "bad.json": ('[{"text": "a"},\n {"text": b}]\n', "{path}:2: malformed JSON"),
+    "trailing.json": ('[\n {"text": "a"}\n]\n]\n', "{path}:4: malformed JSON \\(Extra data\\)"),
+    "unfinished.jsonl": ('{"text": "a"}\n{"text": "b"}\n{"text": \n{"text": "d"}\n',
+                         "{path}:3: malformed JSON"),  # not the next line
     "numbers.jsonl": ('{"text": 1}\n{"text": 2}\n', "{path}: 'text' holds int values, not text"),
     "blanks.jsonl": ('{"text": ""}\n{"text": null}\n', "{path}: has no text"),
     "one.jsonl": ('{"text": "alone"}\n', "{path}: has a single document"),
@@ -305,20 +308,32 @@ def test_a_folder_s_file_names_give_its_splits(tmp_path):
     write_jsonl(tmp_path / "data" / "train-00000-of-00001.jsonl", [{"text": f"t{i}"} for i in range(3)])
     write_jsonl(tmp_path / "data" / "validation-00000-of-00001.jsonl", [{"text": "v0"}])
     write_jsonl(tmp_path / "data" / "test-00000-of-00001.jsonl", [{"text": "x0"}])
+    write_jsonl(tmp_path / "eval.jsonl", [{"text": "e0"}])  # a test split to datasets
     write_jsonl(tmp_path / "interval.jsonl", [{"text": "i0"}])
     (tmp_path / ".ipynb_checkpoints").mkdir()
     write_jsonl(tmp_path / ".ipynb_checkpoints" / "interval-checkpoint.jsonl", [{"text": "copy"}])
     assert list(load_texts(str(tmp_path), "train")["text"]) == ["t0", "t1", "t2", "i0"]
     assert list(load_texts(str(tmp_path), "validation", streaming=True)) == [{"text": "v0"}]
+    # validation files alone: evaluated (eval_llm --eval_data), not trained on
     (tmp_path / "interval.jsonl").unlink()
     (tmp_path / "data" / "train-00000-of-00001.jsonl").unlink()
+    assert list(load_texts(str(tmp_path), "validation")["text"]) == ["v0"]
     with pytest.raises(UserError, match="^" + re.escape(f"{tmp_path}: holds validation files but no others")):
+        load_texts(str(tmp_path), "train")
+    (tmp_path / "data" / "validation-00000-of-00001.jsonl").write_text("\n")
+    write_jsonl(tmp_path / "train.jsonl", [{"text": "t0"}])
+    with pytest.raises(UserError, match="^" + re.escape(f"{tmp_path}: its validation files are empty")):
+        load_texts(str(tmp_path), "validation")
+    for split_file in [*tmp_path.glob("*.jsonl"), *(tmp_path / "data").glob("v*")]:
+        split_file.unlink()
+    with pytest.raises(UserError, match="^" + re.escape(f"{tmp_path}: holds only test files (")):
         load_texts(str(tmp_path), "train")
 
 
 def test_records_without_the_text_field_are_counted_in_a_warning(tmp_path, capsys):
     records = [{"text": "a"}, {"content": "b"}, {"text": "c"}, {"content": "d"}]
     path = write_jsonl(tmp_path / "mixed.jsonl", records)
+    assert list(load_texts(path, "validation")["text"]) == ["a"]  # held out of the same file: said once
     assert list(load_texts(path, "train")["text"]) == ["c"]
     assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")] == [
         f"warning: {path}: 2 of 4 records have no 'text'; they are left out"]
@@ -327,9 +342,12 @@ def test_records_without_the_text_field_are_counted_in_a_warning(tmp_path, capsy
 @pytest.mark.parametrize("name, message", [
     ("", "the data path is empty"),  # --data_path "$UNSET": not the embedded plays, nor the working folder
     ("saved", "saved: a dataset saved by datasets' save_to_disk, which this does not read"),
+    ("splits", "splits: a dataset saved by datasets' save_to_disk, which this does not read"),
 ])
 def test_a_data_path_that_is_no_source_is_refused(tmp_path, monkeypatch, name, message):
-    datasets.Dataset.from_dict({"text": ["a", "b"]}).save_to_disk(tmp_path / "saved")
+    saved = datasets.Dataset.from_dict({"text": ["a", "b"]})
+    saved.save_to_disk(tmp_path / "saved")
+    datasets.DatasetDict({"train": saved, "validation": saved}).save_to_disk(tmp_path / "splits")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match="^" + re.escape(message)):
         load_texts(name, "train")

@@ -231,8 +231,8 @@ def test_bad_input_is_one_error_line(case, trained_run, tiny_tokenizer_dir, tmp_
     MiniMindConfig(**TINY).save_pretrained(tmp_path / "weightless")
     (tmp_path / "minimind-out").mkdir()
     torch.save({}, tmp_path / "minimind-out" / "pretrain_512.pth")  # what MiniMind's trainers save
-    importer = ("MiniMind's .pth weights; import them into a model folder with "
-                "extras/interop/convert_from_minimind.py first")
+    importer = (".pth weights without a config.json (what MiniMind's trainers save); import them into a "
+                "model folder with extras/interop/convert_from_minimind.py first")
     MiniMindForCausalLM(MiniMindConfig(**{**TINY, "vocab_size": 512})).save_pretrained(tmp_path / "vocab512")
     args, expected = {
         "missing": (["--model_path", tmp_path / "nope"], "no such folder"),

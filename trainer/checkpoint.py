@@ -185,8 +185,8 @@ def fsync(path: Path) -> None:
 
 
 def run_folder(path) -> Path:  # a step folder's run folder; any other folder itself
-    path = Path(path).absolute()
-    return path.parent if path.name.startswith("step-") else path
+    path = Path(os.path.abspath(path))  # "..": its name, and links kept as named
+    return path.parent if STEP_FOLDER.fullmatch(path.name) else path
 
 
 def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, object]:
@@ -200,8 +200,9 @@ def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, objec
     minimind = ((path.is_file() and path.suffix == ".pth")
                 or (any(path.glob("*.pth")) and not step_folders(path)))
     if minimind and not (path / "config.json").is_file():
-        raise UserError(f"{path}: MiniMind's .pth weights; import them into a model "
-                        "folder with extras/interop/convert_from_minimind.py first")
+        raise UserError(f"{path}: .pth weights without a config.json (what MiniMind's trainers "
+                        "save); import them into a model folder with "
+                        "extras/interop/convert_from_minimind.py first")
     if not path.is_dir():
         what = "a file, not a folder" if path.exists() else "no such folder"
         raise UserError(f"{path}: {what}; "

@@ -38,9 +38,10 @@ LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.")
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a MiniMind .pth: a plain state dict, or the "model" entry of a *_resume.pth."""
     # torch.load reads a model folder's weights too, but their shapes are its config.json's
-    if (path.parent / "config.json").is_file():
-        raise UserError(f"{path}: the weights of a model folder, whose config.json gives their shapes; "
-                        f"pass the folder, {path.parent}, to eval_llm.py as it is")
+    if path.suffix in (".safetensors", ".bin"):
+        raise UserError(f"{path}: a model folder's weights, not MiniMind's .pth; their folder's "
+                        "config.json gives their shapes (eval_llm.py loads this repository's and "
+                        "the exported families' folders as they are)")
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # no such file, not a torch file, truncated, objects weights_only refuses

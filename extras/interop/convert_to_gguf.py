@@ -138,8 +138,9 @@ def write_gguf(path: Path, name: str, family: str, cfg, tensors, tokenizer, voca
     if tokenizer.unk_token_id is not None:
         writer.add_unk_token_id(tokenizer.unk_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
-    # a prompt starts after bos, as eval_llm encodes it and as documents follow one in training
-    writer.add_add_bos_token(True)
+    # This repository's tokenizers: bos is the document separator, which every training document
+    # follows and eval_llm puts before a prompt. MiniMind's bos starts its chat template instead.
+    writer.add_add_bos_token(tokenizer.bos_token_id == tokenizer.eos_token_id)
     writer.add_add_eos_token(False)
     if tokenizer.chat_template:  # MiniMind's own tokenizer has one
         writer.add_chat_template(tokenizer.chat_template)

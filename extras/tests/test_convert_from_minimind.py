@@ -4,6 +4,7 @@ the same logits and generate the same tokens with and without the KV cache; bad 
 line."""
 
 import pytest
+import safetensors.torch
 import torch
 
 from common.cli import run_cli
@@ -120,12 +121,13 @@ NOT_HELD = "{pth}: not a MiniMind2 state dict this repository's model can hold"
     ("no_tokenizer", "{tokenizer}: no tokenizer.json; pass MiniMind's tokenizer folder (model/ in its "
                      "repository)"),
     # torch.load reads it, but the head count would be the version's default, not the folder's
-    ("model_folder", "{pth}: the weights of a model folder, whose config.json gives their shapes; pass the "
-                     "folder, {folder}, to eval_llm.py as it is"),
+    ("model_folder", "{pth}: a model folder's weights, not MiniMind's .pth; their folder's config.json "
+                     "gives their shapes (eval_llm.py loads this repository's and the exported families' "
+                     "folders as they are)"),
 ])
 def test_bad_input_is_one_line_on_the_command_line_and_writes_nothing(tmp_path, tiny_tokenizer_dir, capsys,
                                                                      case, line):
-    pth = tmp_path / "m.pth"
+    pth = tmp_path / ("model.safetensors" if case == "model_folder" else "m.pth")
     state = save_pth(minimind_model(load_tokenizer(tiny_tokenizer_dir), "2"), pth)
     if case == "moe":  # MiniMind's MoE variant has a router and experts where the dense MLP is
         state = {k: state[k] for k in state.keys() - DENSE_KEYS} | dict.fromkeys(MOE_KEYS, torch.zeros(4))
@@ -136,11 +138,12 @@ def test_bad_input_is_one_line_on_the_command_line_and_writes_nothing(tmp_path, 
         state["model.layers.1.self_attn.q_proj.weight"][0, 0] = float(case)
     elif case == "wrong_tokenizer":
         state = save_pth(tiny_model(num_hidden_layers=1), pth)  # a vocabulary of 300, the tokenizer's is 400
-    torch.save(state, pth)
+    if case != "model_folder":
+        torch.save(state, pth)
     if case == "not_a_pth":
         pth.write_bytes(b"not a pickle")
     elif case == "model_folder":
-        (tmp_path / "config.json").write_text("{}")
+        safetensors.torch.save_file({k: v.clone().contiguous() for k, v in state.items()}, pth)
     flags = ["--version", "3"] if case == "version_3_of_a_minimind2" else ["--num_attention_heads", "4"]
     tokenizer = {"shipped_tokenizer": str(DEFAULT_TOKENIZER_DIR), "no_tokenizer": str(tmp_path)}.get(
         case, tiny_tokenizer_dir)
@@ -148,7 +151,7 @@ def test_bad_input_is_one_line_on_the_command_line_and_writes_nothing(tmp_path, 
     with pytest.raises(SystemExit) as exit_info:
         run_cli(lambda: convert_from_minimind.main(argv))
     lines = capsys.readouterr().err.strip().splitlines()
-    expected = "error: " + line.format(pth=pth, tokenizer=tokenizer, folder=tmp_path)
+    expected = "error: " + line.format(pth=pth, tokenizer=tokenizer)
     assert exit_info.value.code == 2 and len(lines) == 1
     assert lines[0].startswith(expected) if case == "not_a_pth" else lines[0] == expected
     assert not (tmp_path / "out").exists()

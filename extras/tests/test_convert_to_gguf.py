@@ -3,6 +3,7 @@ model of llama.cpp's forward pass (rotation layout, norm placement, output fallb
 and extras/interop/compare_llama_cpp.py, which runs them in llama.cpp itself where llama-cpp-python is
 installed."""
 
+import copy
 import json
 import math
 import re
@@ -133,8 +134,19 @@ def test_gguf_computes_what_the_checkpoint_does(tmp_path, tiny_tokenizer, family
     assert meta["tokenizer.ggml.merges"] == [" ".join(m) for m in spec["model"]["merges"]]
     assert meta["tokenizer.ggml.token_type"][:4] == [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL]
     assert meta["tokenizer.ggml.eos_token_id"] == meta["tokenizer.ggml.bos_token_id"] == 0  # <|endoftext|>
-    # llama.cpp starts a prompt after bos, as eval_llm does
+    # llama.cpp starts a prompt after bos, the document separator, as eval_llm does
     assert meta["tokenizer.ggml.add_bos_token"] is True
+
+
+def test_a_tokenizer_whose_bos_starts_its_chat_template_adds_none(tmp_path, tiny_tokenizer):
+    """MiniMind's: bos <|im_start|>, eos <|im_end|>; its template writes <|im_start|> itself."""
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.bos_token, tokenizer.eos_token = "<|im_start|>", "<|im_end|>"
+    tiny_checkpoint(tmp_path / "src", tokenizer)
+    convert_to_gguf.convert(tmp_path / "src", tmp_path / "m.gguf", "f32")
+    meta = read_gguf(tmp_path / "m.gguf")[0]
+    assert (meta["tokenizer.ggml.bos_token_id"], meta["tokenizer.ggml.eos_token_id"]) == (1, 2)
+    assert meta["tokenizer.ggml.add_bos_token"] is False
 
 
 def test_a_step_folder_s_file_is_named_by_its_run(tmp_path, tiny_tokenizer):
