@@ -21,8 +21,14 @@ def first_line(err: BaseException) -> str:
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
                     argparse.RawDescriptionHelpFormatter):
-    """argparse's own: each flag's default after its help,
+    """argparse's own: each flag's default after its help
+    (unless the help states it: one per device, say),
     the description's line breaks kept."""
+
+    def _get_help_string(self, action):
+        if "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 # argparse types: a value they refuse is argparse's one line,

@@ -70,6 +70,11 @@ def variant_fields(name: str) -> dict:
     ValueError naming the part that is not one."""
     name = RECIPES.get(name, name)
     placement, _, norm = name.rpartition("-") if "-" in name else (name, "", "none")
+    # "pre" alone would be pre-none, a model without a norm (ReZero has none to name)
+    normed = set(SWITCH["norm_position"].choices) - {"rezero"}
+    if "-" not in name and placement.split("+")[0] in normed:
+        raise ValueError(f"variant {name!r} names no norm type; name one: {name}-rmsnorm, "
+                         f"{name}-layernorm, ... ({name}-none has no norms)")
     if norm not in NORM_TYPES:
         raise ValueError(f"variant {name!r}: {norm!r} is not a norm type; "
                          f"allowed: {sorted(NORM_TYPES)}")

@@ -38,6 +38,7 @@ from study.report import read_tuning, report
 from study.runner import StudyInterrupted, check_setting, own_share, tokenize_once, train_study
 from study.variants import PLACEMENT_DEFAULTS, VARIANTS, variant_fields, variant_problem
 from trainer import args as trainer_args
+from trainer.checkpoint import step_folders
 
 # Flags each run gets from the study, so passing them as trainer flags would be ignored or contradictory.
 SET_PER_RUN = ("--seed", "--resume", "--overwrite", "--variant", "--mix_ln_fraction",
@@ -73,8 +74,17 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     p.add_argument("--parallel", choices=("runs", "data"), default="runs", help="under torchrun: each rank "
                    "trains whole runs side by side (runs), or every run in turn across all ranks (data)")
     own, rest = p.parse_known_args(argv)
-    if set(SET_PER_RUN) & {a.split("=")[0] for a in rest}:
-        raise UserError(f"{', '.join(SET_PER_RUN)} are set per run by the study: use --seeds and --variants")
+    given = [flag for flag in SET_PER_RUN if flag in {a.split("=")[0] for a in rest}]
+    if "--resume" in given:
+        raise UserError("--resume: run the study's command again, as it was; it reuses the finished runs "
+                        "and continues a stopped one")
+    if "--overwrite" in given:
+        raise UserError("--overwrite: a study never overwrites its runs; give it a new --out_dir")
+    if given:
+        raise UserError(f"{', '.join(given)}: set per run by the study; use --seeds and --variants")
+    # a trainer's run folder: the study's report and figures would land among its files
+    if step_folders(own.out_dir) or (Path(own.out_dir) / "summary.json").is_file():
+        raise UserError(f"--out_dir {own.out_dir} is a training run's folder; give the study one of its own")
     if (Path(own.out_dir) / "results.md").is_file() and not (Path(own.out_dir) / "results.json").is_file():
         raise UserError(f"{own.out_dir}/results.md is not a study's report; move it or use another --out_dir")
     if own.report_only and not (Path(own.out_dir) / "runs").is_dir():

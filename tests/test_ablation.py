@@ -80,11 +80,14 @@ def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
      "'hybrid', 'hybrid_star', 'rezero'], or a whole name: ['nanochat']"),
     # the name the trainer's --variant refuses too: two parts that set one field
     (["--variants", "pre+qk_head+qk_proj-rmsnorm"], "sets qk_norm a second time"),
-    (["--qk_norm", "head"], "are set per run by the study"),
-    (["--norm=layernorm"], "are set per run by the study"),
-    (["--norm_type", "layernorm"], "are set per run by the study"),
-    (["--variant", "post-rmsnorm"], "are set per run by the study"),
-    (["--mix_ln_fraction", "0.5"], "are set per run by the study"),  # mix0.5-rmsnorm
+    (["--qk_norm", "head"], "error: --qk_norm: set per run by the study; use --seeds and --variants"),
+    (["--norm=layernorm"], "--norm: set per run by the study"),
+    (["--norm_type", "layernorm"], "--norm_type: set per run by the study"),
+    (["--variant", "post-rmsnorm", "--seed", "1"], "--seed, --variant: set per run by the study"),
+    (["--mix_ln_fraction", "0.5"], "--mix_ln_fraction: set per run by the study"),  # mix0.5-rmsnorm
+    (["--resume"], "error: --resume: run the study's command again, as it was; it reuses the finished runs "
+     "and continues a stopped one"),
+    (["--overwrite"], "error: --overwrite: a study never overwrites its runs; give it a new --out_dir"),
     (["--depths", "8", "0"], "argument --depths: invalid positive_int value: '0'"),
     (["--variants", "pre-rmsnorm", "hybrid-none"], "error: variant 'hybrid-none' makes no model "
      "(norm_position hybrid normalizes q, k and v, but norm_type is none)"),
@@ -121,6 +124,16 @@ def test_bad_study_flags_are_one_line_refused_before_anything_trains(flags, mess
                                                                      tmp_path):
     err = refused(capsys, monkeypatch, tmp_path, *flags)
     assert err == message if message.startswith("error: ") else message in err, err
+
+
+def test_a_training_runs_folder_is_refused_as_a_studys(capsys, monkeypatch, tmp_path):
+    """Its figure and the report would land among the run's files."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text("{}")
+    err = refused(capsys, monkeypatch, tmp_path, "--out_dir", str(tmp_path / "run"))
+    assert err == (f"error: --out_dir {tmp_path / 'run'} is a training run's folder; "
+                   "give the study one of its own")
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["summary.json"]
 
 
 def test_runs_side_by_side_refuse_a_gpu_index_that_would_put_every_rank_on_one_gpu(capsys, monkeypatch,

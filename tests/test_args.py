@@ -1,6 +1,8 @@
 """trainer/args.py: the trainer's flags (a frozen list), each bad value one line before anything is loaded or
 written, and the architecture from --preset, then --variant, then the flags given, in the flags' own words."""
 
+import re
+
 import pytest
 
 from common.cli import UserError
@@ -51,6 +53,13 @@ def test_the_trainers_flags_are_these():
     assert set(MUST_MATCH) <= dests and set(BOOKKEEPING) <= dests and not set(MUST_MATCH) & set(BOOKKEEPING)
 
 
+def test_help_gives_each_default_once():
+    """A default stated in the help (one per device, say) is not followed by argparse's "(default: None)"."""
+    text = " ".join(build_parser().format_help().split())
+    assert re.findall(r"\(default: [^)]*\) \(default: [^)]*\)", text) == []
+    assert "on weight matrices only (default: 0.1)" in text  # argparse's own, where the help states none
+
+
 @pytest.mark.parametrize("flags, message", [
     # positive_int
     (["--max_steps", "0"], "argument --max_steps: invalid positive_int value: '0'"),
@@ -86,6 +95,8 @@ def test_a_bad_value_is_argparses_one_line(flags, message):
      "--learning_rate 0.006]; set --min_lr_ratio in [0, 1], or --min_lr at most --learning_rate"),
     (["--variant", "pre+qk_head+qk_proj-rmsnorm"],
      "--variant 'pre+qk_head+qk_proj-rmsnorm': 'qk_proj' sets qk_norm a second time"),
+    (["--variant", "pre"], "--variant 'pre' names no norm type; name one: pre-rmsnorm, pre-layernorm, ... "
+     "(pre-none has no norms)"),
     (["--variant", "pro-rmsnorm"], "--variant 'pro-rmsnorm': 'pro' is not a norm position; allowed: ['pre', "
      "'post', 'peri', 'reorder', 'deepnorm', 'mix', 'hybrid', 'hybrid_star', 'rezero'], or a whole name: "
      "['nanochat']"),

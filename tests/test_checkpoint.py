@@ -180,7 +180,8 @@ def test_resume_falls_back_to_the_step_before_a_damaged_one_or_refuses_when_none
     shutil.copytree(run_copy / "step-000004", run_copy / "step-000008")  # as if a newer version's
     capsys.readouterr()
     run(run_copy, "--max_steps", 6, "--resume")
-    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    warnings = [line for line in capsys.readouterr().err.splitlines()
+                if line.startswith("warning:") and "--resume changes --max_steps" not in line]
     assert len(warnings) == 3 and f"{run_copy / 'step-000004'} cannot be loaded" in warnings[1]
     assert "step-000004 did not load on --resume (another version's, or damaged); kept as" in warnings[2]
     losses = train_losses(run_copy)  # steps 3 and 4 trained again from step 2, exactly as the first time
@@ -338,6 +339,15 @@ def test_resume_compares_the_resolved_flags_so_the_same_command_continues(tmp_pa
         run(tmp_path / "run", "--max_steps", 4, "--resume")
     summary = run(tmp_path / "run", "--max_steps", 4, "--resume", "--norm", "layernorm", "--qk_norm", "head")
     assert summary["step"] == 4 and summary["variant"] == "pre+qk_head-layernorm"
+
+
+def test_a_resume_that_changes_the_schedule_says_so(run_copy, run, capsys):
+    """Allowed, to train further; but a flag left out of the command takes its default, not the run's."""
+    capsys.readouterr()
+    run(run_copy, "--max_steps", 6, "--resume", "--learning_rate", "1e-3")
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: --resume changes --max_steps 6 (was 4), --learning_rate 0.001 (was 0.003); "
+                        "to continue the run as it was, repeat its flags"]
 
 
 class Planted:

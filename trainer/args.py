@@ -37,6 +37,10 @@ EPOCH_STEPS_ON_CPU = 771
 # Lr, schedule and intervals may change, to train further.
 MUST_MATCH = ("max_seq_len", "optimizer", "batch_size", "accumulation_steps",
               "weight_decay", "norm_weight_decay", "seed")
+# Flags a --resume may change, to train further: the schedule and the evaluation
+# (a warning names each that differs from the checkpoint's run)
+MAY_CHANGE = ("max_steps", "learning_rate", "min_lr_ratio", "min_lr", "lr_decay_steps",
+              "warmup_steps", "grad_clip", "eval_interval", "eval_steps")
 # Flags that name a run's data (a --resume checks the data itself, by its tokens' hashes)
 DATA_FLAGS = ("data_path", "text_field", "tokenizer_path")
 # Flags that never change what a run computes:

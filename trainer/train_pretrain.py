@@ -44,6 +44,7 @@ from model.norms import NORM_MODULES
 from trainer import checkpoint, runtime
 from trainer.args import (
     DATA_FLAGS,
+    MAY_CHANGE,
     MUST_MATCH,
     RunConfig,
     build_parser,
@@ -290,7 +291,7 @@ def load_step(folder: Path) -> tuple[MiniMindForCausalLM, dict]:
 def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
     """Refuse, in one line, a --resume that would not continue the checkpoint's run:
     one whose resolved flags give another value of a MUST_MATCH flag or switch,
-    other data or tokenizer, other number of ranks."""
+    other data or tokenizer, other number of ranks; warn of MAY_CHANGE flags changed."""
     for name in MUST_MATCH:
         given = getattr(job.args, name)
         if saved["args"][name] != given:
@@ -329,6 +330,12 @@ def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
         raise UserError("--resume: the checkpoint was written by "
                         f"{len(saved['sampler'])} processes, not {job.world_size}; "
                         "resume with the same number of processes")
+    # allowed, to train further; but a flag left out takes its default, not the run's value
+    changed = [f"--{name} {getattr(job.args, name)} (was {saved['args'][name]})"
+               for name in MAY_CHANGE if saved["args"][name] != getattr(job.args, name)]
+    if changed and job.master:
+        print(f"warning: --resume changes {', '.join(changed)}; to continue the run "
+              "as it was, repeat its flags", file=sys.stderr)
 
 
 def open_tracking(job: Job, state: TrainState) -> Tracker:
