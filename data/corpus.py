@@ -195,8 +195,9 @@ def reading(data_path: str | None):
         if (not isinstance(err, PARSE_ERRORS) or is_embedded(data_path)
                 or is_hub(data_path)):
             raise
+        files = local_files(data_path)
         kinds = {}  # the fields of each file's first record -> the first file with them
-        for path in (f for f in local_files(data_path) if BUILDERS[f.suffix] == "json"):
+        for path in (f for f in files if BUILDERS[f.suffix] == "json"):
             if (fields := _first_fields(path)) is not None:
                 kinds.setdefault(fields, path.name)
         # datasets reads a folder as one table: files of other fields do not cast
@@ -205,7 +206,7 @@ def reading(data_path: str | None):
             raise UserError(f"{data_path}: its files hold different fields "
                             f"({file}: {fields}; {other_file}: {other_fields}); "
                             "keep one kind of record in a folder") from None
-        for path in local_files(data_path):
+        for path in files:
             _name_unreadable(path)
         raise UserError(f"{data_path}: cannot read it "
                         f"({first_line(err.__cause__ or err)})") from None
