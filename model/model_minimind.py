@@ -40,6 +40,8 @@ class Slots:
     around: str | None = None  # N(x + F(x))
 
 
+# The module names are Hugging Face's (Llama, Gemma 2), so that weights map one to one:
+# in Llama, post_attention_layernorm is the norm *before* the MLP, after attention.
 PRE = (Slots(before="input_layernorm"), Slots(before="post_attention_layernorm"))
 POST = (Slots(around="post_attention_layernorm"),
         Slots(around="post_feedforward_layernorm"))
@@ -124,9 +126,10 @@ def has_final_norm(config) -> bool:
 
 @dataclass(frozen=True)
 class Switch:
-    """One architecture switch: a config field,
-    the trainer flag of its name (`flag` where they differ),
-    a row of docs/model.md's switch table, with `token` a part of the variant name."""
+    """One architecture switch, declared once and used four ways: a config field
+    (`name`); a trainer flag (`--name`, or `--flag` where they differ); a row of
+    docs/model.md's switch table; and, through `token`, a part of the run's variant
+    name (e.g. pre+qk_head-rmsnorm, built in model/names.py)."""
 
     name: str
     # None: derived from other fields (the placement, the width) unless set
@@ -219,10 +222,12 @@ def without_norms(c: SimpleNamespace) -> list[tuple]:
 
 def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str,
                    training: bool = False) -> str | None:
-    """Why these switch values (with_implied's) make no model,
-    in one line naming each field through `name` (the trainer passes its flags' names),
-    or None when they do. With `training`, also a model another placement's name
-    already gives (a checkpoint saved under such a name still loads)."""
+    """Why these switch values (with_implied's) make no model, in one line naming each
+    field through `name` (the trainer passes its flags' names), or None when they do.
+    With `training` (the trainer, the variant names), also refuse a config that builds
+    the same model as another placement: e.g. --norm_position post with --norm none is
+    Pre-Norm's model again, and a study must not train one model under two names.
+    A checkpoint saved under such a config still loads."""
     for s in SWITCHES:
         value = getattr(c, s.name)
         if s.choices and value not in s.choices:
@@ -364,9 +369,10 @@ class MiniMindBlock(nn.Module):
 
 def attention_mask_for(attention_mask: torch.Tensor | None, q_len: int, past_len: int,
                        device: torch.device) -> torch.Tensor | None:
-    """Boolean [batch, 1, q, kv] mask, or None when SDPA's causal fast path is exact:
-    it aligns the triangle top-left, right only with no cache or one new token,
-    and knows no padding."""
+    """A boolean mask broadcastable to [batch, 1, q, kv], or None when none is needed
+    (no padding, and either no cache or one new token). SDPA's is_causal aligns its
+    triangle top-left, exact only when q == kv: the caller uses it with no cache, and
+    a single new token needs no mask at all (it sees every key)."""
     padded = attention_mask is not None and not bool(attention_mask.all())
     if not padded and (past_len == 0 or q_len == 1):
         return None
@@ -403,9 +409,10 @@ class Attention(nn.Module):
         self.qk_norm_mode = config.qk_norm
         if self.qk_norm_mode != "none":
             per_head = self.qk_norm_mode == "head"
-            width = self.head_dim if per_head else None  # None: the whole projection
-            self.q_norm = norm_for(config, width or self.n_heads * self.head_dim)
-            self.k_norm = norm_for(config, width or self.n_kv_heads * self.head_dim)
+            q_width = self.head_dim if per_head else self.n_heads * self.head_dim
+            k_width = self.head_dim if per_head else self.n_kv_heads * self.head_dim
+            self.q_norm = norm_for(config, q_width)
+            self.k_norm = norm_for(config, k_width)
         # V-norm (Gemma 3n/4, HybridNorm):
         # with q and k normed too, attention ignores input scale
         self.v_norm = (norm_for(config, self.head_dim)
@@ -600,6 +607,7 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
     def __init__(self, config: MiniMindConfig):
         super().__init__(config)
         self.model = MiniMindModel(config)
+        # shares embed_tokens' weight: tie_word_embeddings, tied by post_init
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
@@ -622,7 +630,8 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
                          position_ids=position_ids, cache=cache,
                          inputs_embeds=inputs_embeds, use_cache=use_cache,
                          output_hidden_states=output_hidden_states)
-        # 0 keeps all: -0 is 0
+        # logits of the last logits_to_keep positions (generation needs 1);
+        # 0 keeps all, as x[:, -0:] is x[:, 0:]
         logits = self.lm_head(out.last_hidden_state[:, -logits_to_keep:])
         cap = self.config.logit_softcap
         # C * tanh(z / C) in float32 (Gemma 2, nanochat):

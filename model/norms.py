@@ -17,8 +17,8 @@ from transformers import initialization as init
 class Norm(nn.Module):
     """What every norm type shares: its gain.
     With one_plus_w (norm_gain="one_plus_w") the gain is stored as w, starting at 0,
-    and applied as 1 + w (Gemma 2/3, Qwen3-Next): the same function at init,
-    but weight decay pulls the gain toward 1 instead of 0."""
+    and applied as 1 + w (Gemma 2/3, Qwen3-Next): the same function at init, but where
+    gains are decayed (--norm_weight_decay) weight decay pulls them toward 1, not 0."""
 
     def __init__(self, one_plus_w: bool):
         super().__init__()
@@ -149,10 +149,8 @@ class SeeDNorm(Norm):
         self.weight = self.unit_gain(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x . beta in float32, as it sums hidden_size products.
-        # Taken from x as given, outside rescaled's (1 + w) float32 path:
-        # a bf16 x is cast once for each, and its gradient,
-        # the sum of the two casts' bf16 gradients, rounds as it always has.
+        # x . beta in float32, as it sums hidden_size products; taken from x as given,
+        # apart from rescaled()'s float32 path (each casts a bf16 x on its own)
         dynamic = torch.tanh((x.float() * self.beta).sum(-1, keepdim=True)) * self.alpha
         return self.rescaled(x, dynamic)
 
@@ -184,7 +182,6 @@ NORM_TYPES = {
                          "a per-token gain (SeeDNorm, 2025)"),
     "none": NormType("no normalization at all", gain=False),
 }
-NORM_MODULES = (Norm,)  # what counts as a norm (count_norms, the optimizer's groups)
 
 
 def init_norm(module: nn.Module) -> None:
@@ -222,4 +219,4 @@ def make_norm(norm_type: str, dim: int, *, eps: float, one_plus_w: bool,
 def count_norms(model: nn.Module) -> int:
     """Number of normalization modules
     (Identity placeholders of norm_type='none' do not count)."""
-    return sum(isinstance(m, NORM_MODULES) for m in model.modules())
+    return sum(isinstance(m, Norm) for m in model.modules())

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from model.model_minimind import MiniMindBlock
-from model.norms import NORM_MODULES
+from model.norms import Norm
 
 OPTIMIZERS = ("adamw", "muon")
 
@@ -29,7 +29,7 @@ def adamw_groups(model: nn.Module, weight_decay: float, norm_weight_decay: bool,
     embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding)
                  for p in m.parameters()}
     gains = {id(m.weight) for m in model.modules()
-             if norm_weight_decay and isinstance(m, NORM_MODULES)
+             if norm_weight_decay and isinstance(m, Norm)
              and getattr(m, "weight", None) is not None}
     decay, no_decay = [], []
     for p in model.parameters():

@@ -40,7 +40,7 @@ from model import (
     norm_variant,
 )
 from model.names import VARIANT_SWITCHES
-from model.norms import NORM_MODULES
+from model.norms import Norm
 from trainer import checkpoint, runtime
 from trainer.args import (
     DATA_FLAGS,
@@ -93,7 +93,8 @@ class Job:
     val: PackedTokens | None = None
     # the tokenizer's and splits' checksums: --resume compares them
     fingerprint: dict | None = None
-    # a context-free model's validation loss: no better learned nothing
+    # validation loss of the unigram model (token frequencies, no context):
+    # a run not below it has learned nothing
     unigram: float = math.inf
     num_params: int = 0
     tokens_per_step: int = 0
@@ -148,7 +149,7 @@ class TrainState:
     last_val: dict | None = None
 
 
-# TrainState fields it carries
+# the TrainState fields a checkpoint saves and --resume restores
 RESUMED = ("step", "train_time", "start_loss", "lowest_val")
 STATE_KEYS = (*RESUMED, "optimizer", "scaler", "sampler",
               "wandb_run_id", "args", "data", "rng")
@@ -198,10 +199,10 @@ def load_data(job: Job) -> None:
     first = job.world_size == 1 or int(os.environ["LOCAL_RANK"]) == 0
     if not first:
         dist.barrier()
-    job.train, job.val = (
-        prepare_split(args.data_path, split, job.tokenizer, args.text_field,
-                      num_proc=args.num_proc, streaming=args.streaming)
-        for split in ("train", "validation"))
+    job.train = prepare_split(args.data_path, "train", job.tokenizer, args.text_field,
+                              num_proc=args.num_proc, streaming=args.streaming)
+    job.val = prepare_split(args.data_path, "validation", job.tokenizer, args.text_field,
+                            num_proc=args.num_proc, streaming=args.streaming)
     if first and job.world_size > 1:
         dist.barrier()
     # a split too short for one window fails now, not later
@@ -271,8 +272,9 @@ def load_step(folder: Path) -> tuple[MiniMindForCausalLM, dict]:
     model = MiniMindForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                 local_files_only=True)
     path = folder / checkpoint.STATE_FILE
-    # torch.save writes a zip archive: other bytes are damage (load_newest tries the one
-    # before), whichever error torch's older-format reader would meet in them
+    # torch.save writes a zip archive: other bytes are damage, and a damaged file must
+    # raise a plain error so that load_newest falls back to the step before (torch's
+    # older-format reader could meet an UnpicklingError, which below means a refusal)
     if path.is_file() and not zipfile.is_zipfile(path):
         raise ValueError(f"{path.name} is damaged (not the archive torch.save writes)")
     try:
@@ -309,10 +311,10 @@ def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
     for part in ("tokenizer", "train", "validation"):
         if saved["data"][part] != job.fingerprint[part]:
             what = part if part == "tokenizer" else f"{part} split"
-            defaults = build_parser()
+            parser = build_parser()
             flags = " ".join(f"--{name} {shlex.quote(str(saved['args'][name]))}"
                              for name in DATA_FLAGS
-                             if saved["args"][name] != defaults.get_default(name))
+                             if saved["args"][name] != parser.get_default(name))
             raise UserError(f"--resume: the {what} is not the checkpoint's "
                             f"(trained with {flags or 'the default data'}); "
                             "pass those flags, with the data as it was then, "
@@ -366,7 +368,8 @@ def open_tracking(job: Job, state: TrainState) -> Tracker:
           f"(one epoch: {epoch_steps:,.0f} steps), "
           f"val {job.val.num_tokens:,} tokens "
           f"({job.val.bytes_per_token:.2f} bytes/token)")
-    # English gets about 3; Chinese with the default tokenizer
+    # bytes per token: about 3 for English with the default tokenizer (trained on
+    # English plays), about 1 for e.g. Chinese text, which it spells out byte by byte
     if job.train.bytes_per_token < 1.5:
         print("warning: the tokenizer covers this corpus poorly "
               "(the model spends its capacity spelling out bytes); "
@@ -382,11 +385,10 @@ def open_tracking(job: Job, state: TrainState) -> Tracker:
 
 
 def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
-    """Train to --max_steps, logging, evaluating and saving on their intervals:
-    only then does the host read the device,
-    and it stops unsaved if the loss or a weight is not finite;
-    it stops after saving when asked to (SIGTERM, Ctrl-C),
-    and when an evaluation shows the run diverged."""
+    """Train to --max_steps, logging, evaluating and saving on their intervals.
+    Only on those steps does the host read the device. A loss or weight that is not
+    finite stops the run unsaved, and so does an evaluation that shows it diverged;
+    a stop request (SIGTERM, Ctrl-C) evaluates, saves, then stops."""
     args = job.args
     raw = state.raw_model
     stop = StopFlag()
@@ -431,9 +433,12 @@ def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
             window_steps += 1
             state.step += 1
             pbar.update(1)
+            # the host reads the device only on log, eval and save steps; a single process
+            # stops at once when asked, while DDP ranks stop together at the next such step
             if not (log_now or eval_now or save_now
                     or (job.world_size == 1 and stop.requested)):
                 continue
+            # the one sync: the ranks' losses, stop requests and weights' finiteness
             mean_loss = agree(job, state, window_loss, window_steps, first_loss, stop)
             # read only now: agree waited for the device, whose queued steps count too (CUDA)
             state.train_time += time.perf_counter() - t0
@@ -575,13 +580,14 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
     if not job.master:
         return summary
     records = read_metrics(job.out_dir / "metrics.jsonl")
-    vals, speeds = ([r[key] for r in records if r["split"] == split and r.get(key)]
-                    for split, key in (("val", "loss"), ("train", "tokens_per_s")))
+    vals = [r["loss"] for r in records if r["split"] == "val" and r.get("loss")]
+    speeds = [r["tokens_per_s"] for r in records
+              if r["split"] == "train" and r.get("tokens_per_s")]
     last_val = state.last_val or next(
         (r for r in reversed(records) if r["split"] == "val"), None)
     if speeds and not args.no_layers_plot:
         plot_layer_profiles({job.out_dir.name: records}, job.out_dir / "layers.png")
-    # not a window that compiled
+    # the median, so that the first window (compiling, warming up) does not skew it
     tokens_per_s = statistics.median(speeds) if speeds else None
     summary |= {
         "train_loss": next(
@@ -598,7 +604,7 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
         "world_size": job.world_size,
         "num_params": job.num_params,
         "norm_params": sum(p.numel() for m in state.raw_model.modules()
-                           if isinstance(m, NORM_MODULES) for p in m.parameters()),
+                           if isinstance(m, Norm) for p in m.parameters()),
         "num_norms": count_norms(state.raw_model),
         "norm": cfg.norm_type,
         "norm_position": cfg.norm_position,
