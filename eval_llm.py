@@ -23,6 +23,7 @@ The loss comes from the model's logits, so every family is measured the same way
 """
 
 import argparse
+import contextlib
 import json
 import math
 import shlex
@@ -56,7 +57,13 @@ from data import (
 )
 from data.corpus import is_embedded
 from model import norm_variant
-from trainer.checkpoint import load_newest, run_folder, tokenizer_problem
+from trainer.checkpoint import (
+    STATE_FILE,
+    load_newest,
+    run_folder,
+    step_folders,
+    tokenizer_problem,
+)
 from trainer.evaluation import evaluate
 from trainer.runtime import autocast, pick_device, resolve_dtype
 
@@ -116,9 +123,10 @@ def load(path, tokenizer_path=None, device="cpu"):
     exact = lm.config.model_type == "minimind"
     if (len(tokenizer) > lm.config.vocab_size
             or (exact and len(tokenizer) != lm.config.vocab_size)):
+        advice = ("leave --tokenizer_path out to use the model folder's own" if tokenizer_path
+                  else "pass the tokenizer it was trained with (--tokenizer_path)")
         raise UserError(f"the tokenizer has {len(tokenizer)} tokens "
-                        f"but the model's vocabulary has {lm.config.vocab_size}; "
-                        "pass the tokenizer it was trained with (--tokenizer_path)")
+                        f"but the model's vocabulary has {lm.config.vocab_size}; {advice}")
     # the same size can still split text otherwise
     if problem := tokenizer_problem(folder, tokenizer):
         raise UserError(f"{problem}; pass that one with --tokenizer_path, "
@@ -130,15 +138,26 @@ def display_name(path) -> str:
     return run_folder(path).name
 
 
+def recorded_args(run: Path) -> dict | None:
+    """The trainer flags a run recorded: in its summary.json once it has ended,
+    else (still training, or stopped) in its newest step's training state."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return json.loads((run / "summary.json").read_text(encoding="utf-8"))["args"]
+    for folder in step_folders(run)[:1]:
+        with contextlib.suppress(Exception):  # damaged, or not the trainer's
+            return torch.load(folder / STATE_FILE, map_location="cpu",
+                              weights_only=True, mmap=True)["args"]
+    return None
+
+
 def trained_on(path) -> str | None:
-    """The data a run recorded in its summary.json (path: the run folder
-    or a step folder in it), as --eval_data takes it, with --text_field
-    where that is not "text"; None for the embedded plays, or where none is recorded."""
-    summary = run_folder(path) / "summary.json"
+    """The data a run recorded (path: the run folder or a step folder in it),
+    as --eval_data takes it, with --text_field where that is not "text";
+    None for the embedded plays, or where none is recorded."""
+    args = recorded_args(run_folder(path))
     try:
-        args = json.loads(summary.read_text(encoding="utf-8"))["args"]
         data, field = args["data_path"], args["text_field"]
-    except (OSError, ValueError, KeyError, TypeError):  # none, or not the trainer's
+    except (KeyError, TypeError):  # none, or not the trainer's
         return None
     if not data or is_embedded(data):  # "": the plays, in earlier versions
         return None
@@ -151,20 +170,23 @@ def variant_of(config) -> str:
 
 
 def encode_prompt(tokenizer, prompt: str, context: int,
-                  max_new_tokens: int) -> torch.Tensor:
-    """[1, n] ids: bos then the prompt,
+                  max_new_tokens: int) -> tuple[torch.Tensor, str]:
+    """([1, n] ids: bos then the prompt, the prompt as the model sees it):
     the prompt cut from the left so that n + max_new_tokens fits the context."""
-    limit = context - max_new_tokens
-    if limit < 1:
-        raise UserError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt "
-                        f"in the model's context of {context} tokens")
     ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt, add_special_tokens=False)
+    limit = context - max_new_tokens
+    # bos, and at least one token of a prompt that has any
+    if limit < min(len(ids), 2):
+        raise UserError(f"--max_new_tokens {max_new_tokens} leaves no room for the prompt "
+                        f"in the model's context of {context} tokens (one is bos): "
+                        f"pass at most {context - min(len(ids), 2)}")
     if len(ids) > limit:
         print(f"warning: prompt of {len(ids) - 1} tokens cut to its last {limit - 1}: "
               f"the model's context is {context} tokens, one is bos "
               f"and {max_new_tokens} are kept for --max_new_tokens", file=sys.stderr)
         ids = ids[:1] + ids[len(ids) - (limit - 1):]
-    return torch.tensor([ids])
+        prompt = "…" + tokenizer.decode(ids[1:])
+    return torch.tensor([ids]), prompt
 
 
 @torch.no_grad()
@@ -174,11 +196,11 @@ def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(),
     is set.
     The seed is set for every prompt, so a continuation does not depend on earlier ones
     and several checkpoints draw the same random numbers."""
-    ids = encode_prompt(tokenizer, prompt, lm.config.max_position_embeddings,
-                        sampling.max_new_tokens)
+    ids, seen = encode_prompt(tokenizer, prompt, lm.config.max_position_embeddings,
+                              sampling.max_new_tokens)
     ids = ids.to(lm.device)
     if stream:  # once the prompt is known to fit: an error or warning comes before it
-        print(prompt, end="", flush=True)
+        print(seen, end="", flush=True)
     options = {"max_new_tokens": sampling.max_new_tokens,
                "repetition_penalty": sampling.repetition_penalty,
                "do_sample": sampling.temperature > 0,
@@ -317,10 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", action="append",
                      help="text to continue; repeat for several "
                           "(default: typed at a terminal, "
-                          "else a few Shakespeare prompts); "
+                          "else, and with --compare, a few Shakespeare prompts); "
                           "cut from the left to fit the context")
     gen.add_argument("--max_new_tokens", type=positive_int,
-                     default=Sampling.max_new_tokens, help="tokens to generate")
+                     default=Sampling.max_new_tokens,
+                     help="tokens to generate (the prompt keeps at least one token "
+                          "of the model's context)")
     gen.add_argument("--temperature", type=non_negative, default=Sampling.temperature,
                      help="0 = greedy")
     gen.add_argument("--top_p", type=probability, default=Sampling.top_p,
@@ -329,8 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the k likeliest tokens only (0 = off)")
     gen.add_argument("--repetition_penalty", type=positive_float,
                      default=Sampling.repetition_penalty,
-                     help="divide the logits of tokens already present "
-                          "by this (1 = off)")
+                     help="make tokens already present less likely: their positive "
+                          "logits divided by this, negative ones multiplied (1 = off)")
     gen.add_argument("--seed", type=count, default=Sampling.seed,
                      help="set anew for every prompt")
     gen.add_argument("--no_kv_cache", action="store_true",

@@ -23,7 +23,8 @@ def load_tokenizer(path: str | Path | None = None) -> PreTrainedTokenizerFast:
         raise UserError(f"{path}: no such folder")
     if not (path / "tokenizer.json").is_file():
         raise UserError(f"{path}: not a tokenizer directory (no tokenizer.json); "
-                        "train one with scripts/train_tokenizer.py")
+                        "a run's step-N folders hold theirs, "
+                        "and scripts/train_tokenizer.py trains one")
     try:  # never the folder's own code: transformers would ask about it in the terminal
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True,
                                                   trust_remote_code=False)

@@ -3,6 +3,9 @@ cache), held-out evaluation, --compare, and bad input (exported families: extras
 
 import json
 import math
+import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -86,8 +89,16 @@ def test_long_prompt_is_cut_from_the_left(tiny_tokenizer, capsys):
     assert len(warnings) == 1 and warnings[0].startswith(cut)
     # bos, then the prompt's end
     assert text == greedy_by_generate(lm, ids[:1] + ids[-15:], 8, tiny_tokenizer)
-    with pytest.raises(UserError, match="no room for a prompt"):
-        generate_text(lm, tiny_tokenizer, prompt, Sampling(temperature=0, max_new_tokens=24))
+    # echoed as the model saw it, not as given
+    generate_text(lm, tiny_tokenizer, prompt, Sampling(temperature=0, max_new_tokens=8), stream=True)
+    assert capsys.readouterr().out == "…" + tiny_tokenizer.decode(ids[-15:]) + text + "\n"
+    # room for bos alone would cut the prompt to nothing: refused, naming the most that fits
+    for max_new_tokens in (23, 24):
+        with pytest.raises(UserError, match="no room for the prompt in the model's context of 24 "
+                                            r"tokens \(one is bos\): pass at most 22$"):
+            generate_text(lm, tiny_tokenizer, prompt, Sampling(temperature=0, max_new_tokens=max_new_tokens))
+    # an empty prompt needs bos alone
+    generate_text(lm, tiny_tokenizer, "", Sampling(temperature=0, max_new_tokens=23))
 
 
 def test_evaluate_split_equals_direct_cross_entropy(trained_run, tiny_corpus):
@@ -170,6 +181,10 @@ def test_eval_data_alone_on_a_run_of_other_data_warns_that_it_measures_the_plays
     summary["args"]["text_field"] = "body"
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     assert eval_llm.trained_on(tmp_path) == f"{tiny_corpus} --text_field body"
+    # a run still training, or killed, has no summary yet: its newest step's state tells
+    killed = tmp_path / "killed"
+    shutil.copytree(step, killed / step.name)
+    assert eval_llm.trained_on(killed) == tiny_corpus
     capsys.readouterr()
     main(["--device", "cpu", "--model_path", str(step), "--eval_data", "--eval_batches", "1"])
     assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")] == [
@@ -225,7 +240,7 @@ def test_a_bad_flag_is_refused_in_one_line(flags, message):
 
 
 @pytest.mark.parametrize("case", ["missing", "a file", "a .pth", "MiniMind's out", "no weights",
-                                  "tokenizer too big", "tokenizer too small", "no room"])
+                                  "tokenizer too big", "tokenizer too small", "no room", "the runs' folder"])
 def test_bad_input_is_one_error_line(case, trained_run, tiny_tokenizer_dir, tmp_path, capsys):
     """A tokenizer of another size than the vocabulary is the wrong one (the trainer sizes them alike)."""
     MiniMindConfig(**TINY).save_pretrained(tmp_path / "weightless")
@@ -243,12 +258,16 @@ def test_bad_input_is_one_error_line(case, trained_run, tiny_tokenizer_dir, tmp_
                        "no checkpoint loads (weightless: "),
         "tokenizer too big": (["--model_path", trained_run, "--tokenizer_path", DEFAULT_TOKENIZER_DIR],
                               f"has {len(load_tokenizer(DEFAULT_TOKENIZER_DIR))} tokens but the model's "
-                              "vocabulary has 400"),
+                              "vocabulary has 400; leave --tokenizer_path out to use the model folder's own"),
         "tokenizer too small": (["--model_path", tmp_path / "vocab512", "--tokenizer_path",
                                  tiny_tokenizer_dir], "has 400 tokens but the model's vocabulary has 512"),
         # the default --max_new_tokens (100) in a 32-token context: refused before the prompt is echoed
-        "no room": (["--model_path", trained_run], "--max_new_tokens 100 leaves no room for a prompt"),
+        "no room": (["--model_path", trained_run], "--max_new_tokens 100 leaves no room for the prompt"),
+        # the --out_dir's parent, e.g. `out`, given for a run in it
+        "the runs' folder": (["--model_path", tmp_path / "runs"], "runs: holds runs, not a checkpoint; "
+                             f"pass one of them ({tmp_path / 'runs' / 'a'})"),
     }[case]
+    (tmp_path / "runs" / "a" / "step-000040").mkdir(parents=True)
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
         run_cli(lambda: main([*map(str, args), "--device", "cpu", "--prompt", "Hi"]))
@@ -276,3 +295,16 @@ def test_a_diverged_model_has_infinite_perplexity(tiny_tokenizer, tiny_corpus):
     table = eval_llm.format_metrics_table([eval_llm.Result("diverged", "pre-rmsnorm", [], metrics)])
     row = table.splitlines()[1]
     assert row.split()[3] == "inf"
+
+
+def test_output_piped_into_a_reader_that_stops_ends_quietly(tmp_path):
+    """e.g. `python eval_llm.py ... | head -1`: the reader's exit is no traceback."""
+    script = ("from common.cli import run_cli\n"
+              "run_cli(lambda: [print('x' * 1000, flush=True) for _ in range(10**6)])\n")
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=repo, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1 and err == ""

@@ -208,6 +208,11 @@ def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, objec
         raise UserError(f"{path}: {what}; "
                         "pass the trainer's --out_dir or a model folder")
     candidates = [path] if (path / "config.json").is_file() else step_folders(path)
+    # e.g. the folder the runs are in, `out`, for a run folder in it
+    runs = [] if candidates else sorted(p for p in path.iterdir() if step_folders(p))
+    if runs:
+        listed = ", ".join(str(p) for p in runs[:3]) + (", ..." if len(runs) > 3 else "")
+        raise UserError(f"{path}: holds runs, not a checkpoint; pass one of them ({listed})")
     if not candidates:
         raise UserError(f"{path}: no checkpoint (no config.json, no step-N folder); "
                         "has the run saved one?")
