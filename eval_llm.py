@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import shlex
 import sys
 from dataclasses import dataclass, fields
@@ -123,7 +124,9 @@ def load(path, tokenizer_path=None, device="cpu"):
     exact = lm.config.model_type == "minimind"
     if (len(tokenizer) > lm.config.vocab_size
             or (exact and len(tokenizer) != lm.config.vocab_size)):
-        advice = ("leave --tokenizer_path out to use the model folder's own" if tokenizer_path
+        own = (folder / "tokenizer.json").is_file()
+        advice = ("leave --tokenizer_path out to use the model folder's own"
+                  if tokenizer_path and own
                   else "pass the tokenizer it was trained with (--tokenizer_path)")
         raise UserError(f"the tokenizer has {len(tokenizer)} tokens "
                         f"but the model's vocabulary has {lm.config.vocab_size}; {advice}")
@@ -140,13 +143,17 @@ def display_name(path) -> str:
 
 def recorded_args(run: Path) -> dict | None:
     """The trainer flags a run recorded: in its summary.json once it has ended,
-    else (still training, or stopped) in its newest step's training state."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        return json.loads((run / "summary.json").read_text(encoding="utf-8"))["args"]
-    for folder in step_folders(run)[:1]:
-        with contextlib.suppress(Exception):  # damaged, or not the trainer's
-            return torch.load(folder / STATE_FILE, map_location="cpu",
-                              weights_only=True, mmap=True)["args"]
+    else (still training, or stopped) in its newest step's training state that loads."""
+    records = [run / "summary.json", *(folder / STATE_FILE for folder in step_folders(run))]
+    for path in records:
+        # none, damaged, or not the trainer's: the next
+        with contextlib.suppress(Exception):
+            if path.suffix == ".json":
+                args = json.loads(path.read_text(encoding="utf-8"))["args"]
+            else:
+                args = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["args"]
+            if isinstance(args, dict):
+                return args
     return None
 
 
@@ -154,10 +161,9 @@ def trained_on(path) -> str | None:
     """The data a run recorded (path: the run folder or a step folder in it),
     as --eval_data takes it, with --text_field where that is not "text";
     None for the embedded plays, or where none is recorded."""
-    args = recorded_args(run_folder(path))
-    try:
-        data, field = args["data_path"], args["text_field"]
-    except (KeyError, TypeError):  # none, or not the trainer's
+    args = recorded_args(run_folder(path)) or {}
+    data, field = args.get("data_path"), args.get("text_field")
+    if not isinstance(data, str) or not isinstance(field, str):  # none, or not the trainer's
         return None
     if not data or is_embedded(data):  # "": the plays, in earlier versions
         return None
@@ -185,6 +191,7 @@ def encode_prompt(tokenizer, prompt: str, context: int,
               f"the model's context is {context} tokens, one is bos "
               f"and {max_new_tokens} are kept for --max_new_tokens", file=sys.stderr)
         ids = ids[:1] + ids[len(ids) - (limit - 1):]
+        # (a cut inside a character shows as �)
         prompt = "…" + tokenizer.decode(ids[1:])
     return torch.tensor([ids]), prompt
 
@@ -339,12 +346,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", action="append",
                      help="text to continue; repeat for several "
                           "(default: typed at a terminal, "
-                          "else, and with --compare, a few Shakespeare prompts); "
+                          "else, and with --compare, a few Shakespeare prompts; "
+                          "with --eval_data alone, none); "
                           "cut from the left to fit the context")
     gen.add_argument("--max_new_tokens", type=positive_int,
                      default=Sampling.max_new_tokens,
-                     help="tokens to generate (the prompt keeps at least one token "
-                          "of the model's context)")
+                     help="tokens to generate: at most the model's context minus 2 "
+                          "(bos and one token of the prompt)")
     gen.add_argument("--temperature", type=non_negative, default=Sampling.temperature,
                      help="0 = greedy")
     gen.add_argument("--top_p", type=probability, default=Sampling.top_p,
@@ -353,8 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the k likeliest tokens only (0 = off)")
     gen.add_argument("--repetition_penalty", type=positive_float,
                      default=Sampling.repetition_penalty,
-                     help="make tokens already present less likely: their positive "
-                          "logits divided by this, negative ones multiplied (1 = off)")
+                     help="above 1, tokens already present become less likely "
+                          "(below 1, likelier): their positive logits are divided "
+                          "by it, negative ones multiplied (1 = off)")
     gen.add_argument("--seed", type=count, default=Sampling.seed,
                      help="set anew for every prompt")
     gen.add_argument("--no_kv_cache", action="store_true",
@@ -440,4 +449,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    try:
+        run_cli(main)
+    except BrokenPipeError:  # the reader of the output went away (`| head`): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -4,7 +4,6 @@ argparse types that check values, one way to report a problem in one line."""
 import argparse
 import errno
 import math
-import os
 import sys
 from collections.abc import Callable
 
@@ -107,9 +106,6 @@ def run_cli(main: Callable[[], object]) -> None:
     a UserError or a write the OS refused ends in `error: <one line>`, exit 2."""
     try:
         main()
-    except BrokenPipeError:  # the reader went away (e.g. `| head`): nothing left to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

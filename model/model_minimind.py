@@ -40,8 +40,9 @@ class Slots:
     around: str | None = None  # N(x + F(x))
 
 
-# The module names are Hugging Face's (Llama, Gemma 2), so that weights map one to one:
-# in Llama, post_attention_layernorm is the norm *before* the MLP, after attention.
+# The module names are Hugging Face's (Llama's for pre, Gemma 2's for peri, OLMo 2's for
+# reorder), so that those export one to one: in Llama, post_attention_layernorm is the
+# norm *before* the MLP, after attention.
 PRE = (Slots(before="input_layernorm"), Slots(before="post_attention_layernorm"))
 POST = (Slots(around="post_attention_layernorm"),
         Slots(around="post_feedforward_layernorm"))
@@ -607,7 +608,7 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
     def __init__(self, config: MiniMindConfig):
         super().__init__(config)
         self.model = MiniMindModel(config)
-        # shares embed_tokens' weight: tie_word_embeddings, tied by post_init
+        # with tie_word_embeddings (the default), post_init ties it to embed_tokens' weight
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 

@@ -149,8 +149,8 @@ class SeeDNorm(Norm):
         self.weight = self.unit_gain(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x . beta in float32, as it sums hidden_size products; taken from x as given,
-        # apart from rescaled()'s float32 path (each casts a bf16 x on its own)
+        # x . beta in float32, as it sums hidden_size products; cast here from x as given,
+        # not taken from rescaled()'s cast, so that a bf16 x's gradient rounds as before
         dynamic = torch.tanh((x.float() * self.beta).sum(-1, keepdim=True)) * self.alpha
         return self.rescaled(x, dynamic)
 

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -433,3 +434,16 @@ def test_a_run_folder_is_a_step_folders_parent_and_any_other_folder_itself(tmp_p
     assert run_folder(tmp_path / "step-warmup") == tmp_path / "step-warmup"  # a user's --out_dir
     monkeypatch.chdir(tmp_path)
     assert run_folder("run/step-000040/..") == tmp_path / "run"  # a name, not ".."
+
+
+@pytest.mark.parametrize("inside", ["a", "runs/a"])  # runs in `out`; a study's, in its runs/
+def test_the_folder_the_runs_are_in_is_refused_naming_them(inside, tmp_path, run):
+    out = tmp_path / "out"
+    (out / inside / "step-000002").mkdir(parents=True)
+    for flags in ([], ["--resume"]):
+        with pytest.raises(UserError, match=re.escape(f"--out_dir {out} holds runs ({out / inside}); "
+                                                      "pass one of them with --resume")):
+            run(out, "--max_steps", 2, *flags)
+    with pytest.raises(UserError, match=re.escape(f"{out}: holds runs, not a checkpoint; "
+                                                  f"pass one of them ({out / inside})")):
+        eval_llm.load(out)

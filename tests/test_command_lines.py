@@ -36,3 +36,14 @@ def test_bad_input_is_one_error_line_from_every_command(tmp_path):
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(expected), (script, err[-2000:])
         assert out == "" and not never.exists(), script
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch and transformers
+def test_eval_llm_piped_into_a_reader_that_stops_ends_without_a_traceback(trained_run):
+    """e.g. `python eval_llm.py ... | head -1`, here a reader gone before the first line."""
+    process = subprocess.Popen([sys.executable, REPO / "eval_llm.py", "--model_path", trained_run,
+                                "--device", "cpu", "--prompt", "Hi", "--max_new_tokens", "8"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    err = process.stderr.read()
+    assert process.wait(timeout=300) == 1 and "Traceback" not in err and "BrokenPipe" not in err, err

@@ -106,8 +106,20 @@ def earlier_versions_run(out_dir: Path, lock: int) -> bool:
     return any((folder / STATE_FILE).is_file() for folder in step_folders(out_dir))
 
 
+def runs_in(folder: Path) -> str:
+    """The runs inside folder (e.g. `out`, or a study's runs/), listed for a message;
+    "" where there are none."""
+    runs = sorted({p.parent for pattern in ("*/step-*", "runs/*/step-*")
+                   for p in folder.glob(pattern) if STEP_FOLDER.fullmatch(p.name)})
+    return ", ".join(map(str, runs[:3])) + (", ..." if len(runs) > 3 else "")
+
+
 def fresh_run_problem(out_dir: Path, resume: bool, overwrite: bool,
                       ours: bool) -> str | None:
+    runs = "" if step_folders(out_dir) else runs_in(out_dir)
+    if runs:  # the folder the runs are in, given for one of them
+        return (f"--out_dir {out_dir} holds runs ({runs}); pass one of them "
+                "with --resume, or choose a new --out_dir")
     if resume:
         return None if step_folders(out_dir) else (
             f"--resume: no checkpoint in {out_dir}; "
@@ -209,10 +221,9 @@ def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, objec
                         "pass the trainer's --out_dir or a model folder")
     candidates = [path] if (path / "config.json").is_file() else step_folders(path)
     # e.g. the folder the runs are in, `out`, for a run folder in it
-    runs = [] if candidates else sorted(p for p in path.iterdir() if step_folders(p))
+    runs = "" if candidates else runs_in(path)
     if runs:
-        listed = ", ".join(str(p) for p in runs[:3]) + (", ..." if len(runs) > 3 else "")
-        raise UserError(f"{path}: holds runs, not a checkpoint; pass one of them ({listed})")
+        raise UserError(f"{path}: holds runs, not a checkpoint; pass one of them ({runs})")
     if not candidates:
         raise UserError(f"{path}: no checkpoint (no config.json, no step-N folder); "
                         "has the run saved one?")

@@ -93,8 +93,8 @@ class Job:
     val: PackedTokens | None = None
     # the tokenizer's and splits' checksums: --resume compares them
     fingerprint: dict | None = None
-    # validation loss of the unigram model (token frequencies, no context):
-    # a run not below it has learned nothing
+    # validation loss of the unigram model (token frequencies, no context): a run
+    # not PLATEAU_MARGIN below it at the end has learned nothing
     unigram: float = math.inf
     num_params: int = 0
     tokens_per_step: int = 0
@@ -386,9 +386,10 @@ def open_tracking(job: Job, state: TrainState) -> Tracker:
 
 def train_loop(job: Job, state: TrainState, tracker: Tracker | None) -> None:
     """Train to --max_steps, logging, evaluating and saving on their intervals.
-    Only on those steps does the host read the device. A loss or weight that is not
-    finite stops the run unsaved, and so does an evaluation that shows it diverged;
-    a stop request (SIGTERM, Ctrl-C) evaluates, saves, then stops."""
+    Only on those steps does the host read the device (fp16 with Muon aside: its
+    GradScaler checks every step). A loss or weight that is not finite stops the run
+    unsaved, and so does an evaluation that shows it diverged; a stop request
+    (SIGTERM, Ctrl-C) evaluates, saves, then stops."""
     args = job.args
     raw = state.raw_model
     stop = StopFlag()
