@@ -36,11 +36,28 @@ def refusal(argv) -> str:
     return str(err.value)
 
 
-def test_a_loss_that_blows_up_with_finite_numbers_is_a_divergence_and_overwrite_starts_over(flags, tmp_path):
+def test_a_loss_that_blows_up_with_finite_numbers_is_a_divergence_and_overwrite_starts_over(flags, tmp_path,
+                                                                                             monkeypatch):
     """--learning_rate 50 without clipping: the loss climbs to thousands of nats, every number finite. It
     diverged before the first checkpoint, so the line says to start over with --overwrite, which works."""
+    told = {}  # what the wandb side of the tracker is told
+
+    class Recording(tp.Tracker):
+        def __init__(self, out_dir, use_wandb, config, *more):
+            told["config"] = config
+            super().__init__(out_dir, use_wandb, config, *more)
+
+        def close(self, failed=False):
+            told.setdefault("failed", failed)  # the first close, the one that finishes the wandb run
+            super().close(failed)
+
+    monkeypatch.setattr(tp, "Tracker", Recording)
     argv = flags("--learning_rate", 50, "--grad_clip", 0, "--max_steps", 40, "--save_interval", 40)
     message = refusal(argv)
+    # the wandb run is marked failed, and named by its variant though --variant was not given
+    assert told["failed"] is True and told["config"]["variant"] == "pre-rmsnorm"
+    # --resume finds the records and no checkpoint: the advice is --overwrite, not a circle
+    assert refusal([*argv, "--resume"]).endswith("start afresh with --overwrite instead")
     assert "blew up" in message and "no checkpoint was saved: start over with --overwrite" in message
     assert "--resume" not in message
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())  # what the ablation runner reads

@@ -276,3 +276,19 @@ def test_ddp_two_processes_gloo(tmp_path, env, tiny_flags, optimizer):
     saved = torch.load(tmp_path / "run" / "step-000004" / "training_state.pt", weights_only=True)["optimizer"]
     if optimizer == "muon":  # Muon stepped
         assert all(s["momentum_buffer"].abs().sum() > 0 for s in saved["muon"]["state"].values())
+
+
+@pytest.mark.slow  # wandb's online start times out (20 s) before the offline one
+def test_wandb_that_cannot_start_online_logs_offline_and_the_run_trains(tmp_path, env, tiny_flags):
+    """A key and no reachable server: one warning, then the same run id offline, with the sync command."""
+    out = tmp_path / "run"
+    offline_env = {**env, "WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9"}
+    proc = subprocess.run(TRAIN + [str(a) for a in [*tiny_flags, "--out_dir", out, "--max_steps", 2,
+                                                     "--eval_interval", 2, "--use_wandb"]],
+                          env=offline_env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_id = (out / ".lock").read_text().split()[-1]
+    (offline,) = (out / "wandb").glob(f"offline-run-*-{run_id}")
+    assert "warning: wandb could not start online" in proc.stderr
+    assert f"wandb: logging offline; upload with `wandb sync {offline}`" in proc.stderr
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["split"] == "val"] == [2]

@@ -120,11 +120,12 @@ def fresh_run_problem(out_dir: Path, resume: bool, overwrite: bool,
     if runs:  # the folder the runs are in, given for one of them
         return (f"--out_dir {out_dir} holds runs ({runs}); pass one of them "
                 "with --resume, or choose a new --out_dir")
-    if resume:
-        return None if step_folders(out_dir) else (
-            f"--resume: no checkpoint in {out_dir}; "
-            "run without --resume to start afresh")
     used = any(p.name != ".lock" for p in out_dir.iterdir())
+    if resume:
+        # e.g. a run killed before its first save: its records are there
+        afresh = "with --overwrite instead" if used else "without --resume"
+        return None if step_folders(out_dir) else (
+            f"--resume: no checkpoint in {out_dir}; start afresh {afresh}")
     if used and not overwrite:
         return (f"--out_dir {out_dir} is not empty (an earlier run?); "
                 "continue it with --resume, "

@@ -60,8 +60,13 @@ class Tracker:
                 # a network or key problem: keep training, log offline
                 print("warning: wandb could not start online "
                       f"({first_line(err)}); logging offline", file=sys.stderr)
+                # the timed-out start still holds the run's id in wandb's service
+                wandb.teardown()
                 self.run = wandb.init(
                     mode="offline", settings=wandb.Settings(silent=True), **kwargs)
+            if self.run.offline:  # nothing reaches wandb.ai until it is synced
+                print(f"wandb: logging offline; upload with `wandb sync "
+                      f"{Path(self.run.dir).parent}`", file=sys.stderr)
             # x-axis: our own step,
             # so that the steps a --resume trains again are not dropped as going back
             self.run.define_metric("step")

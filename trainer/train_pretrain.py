@@ -350,8 +350,10 @@ def open_tracking(job: Job, state: TrainState) -> Tracker:
         keep_records_up_to(job.out_dir / "metrics.jsonl", state.step)
     variant = norm_variant(cfg)
     dtype = str(job.dtype).removeprefix("torch.")
-    config = vars(args) | {"num_params": job.num_params, "world_size": job.world_size,
-                           "dtype": dtype, "data": job.fingerprint}
+    # the variant as its name, also for a run built from flags (--variant unset)
+    config = vars(args) | {"variant": variant, "num_params": job.num_params,
+                           "world_size": job.world_size, "dtype": dtype,
+                           "data": job.fingerprint}
     tags = [f"variant={variant}", f"layers={cfg.num_hidden_layers}",
             f"job={args.wandb_job}",
             *(f"{field}={getattr(cfg, field)}" for field in VARIANT_SWITCHES)]
@@ -615,7 +617,7 @@ def finish(job: Job, state: TrainState, tracker: Tracker | None) -> dict:
         "environment": job.environment,
     }
     write_atomically(job.out_dir / "summary.json", json.dumps(summary, indent=1))
-    tracker.close()
+    tracker.close(failed=summary["diverged"])
     if summary["diverged"]:  # main() and the runner say what to change
         return summary
     saved = checkpoint.newest_up_to(job.out_dir, state.step)
