@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from common.fs import replaced
-from trainer.plots import line_style, pyplot
+from trainer.plots import line_style, plain_ticks, pyplot
 
 
 def save(fig, path: Path, rect=None, **savefig) -> None:
@@ -17,25 +17,36 @@ def save(fig, path: Path, rect=None, **savefig) -> None:
 
 
 def _band(ax, runs: list[list[dict]], split: str, x_key: str, label: str, style: dict) -> None:
-    """Mean over seeds with a min-max band; runs are aligned on step (same schedule), x from the first
-    seed."""
-    curves = [[r for r in recs if r["split"] == split and np.isfinite(r["loss"])] for recs in runs]
-    n = min(len(c) for c in curves)
-    if n == 0:
+    """At each step, the mean over the seeds that logged it, with a min-max band: a seed that
+    stopped early (diverged) leaves the mean there, and the others' curves go on."""
+    at_step = {}
+    for records in runs:
+        for r in records:
+            if r["split"] == split and np.isfinite(r["loss"]):
+                at_step.setdefault(r["step"], []).append((r[x_key], r["loss"]))
+    if not at_step:
         return
-    losses = np.array([[r["loss"] for r in c[:n]] for c in curves])
-    x = np.mean([[r[x_key] for r in c[:n]] for c in curves], axis=0)
-    ax.plot(x, losses.mean(0), label=label, **style)
-    if len(curves) > 1:
-        ax.fill_between(x, losses.min(0), losses.max(0), color=style["color"], alpha=0.2)
+    points = [np.array(at_step[step]) for step in sorted(at_step)]
+    x = [p[:, 0].mean() for p in points]
+    ax.plot(x, [p[:, 1].mean() for p in points], label=label,
+            marker="o" if len(points) == 1 else None, **style)  # a single point shows too
+    if len(runs) > 1:
+        ax.fill_between(x, [p[:, 1].min() for p in points], [p[:, 1].max() for p in points],
+                        color=style["color"], alpha=0.2)
 
 
-def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
+def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path,
+                     title: str = "mean over seeds, band = min..max") -> None:
     """Train and validation loss against step and against training wall-clock time, one line per variant."""
     plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharey="row")
     for row, split in zip(axes, ("train", "val"), strict=True):
-        row[0].set_yscale("log")  # a loss spike in one variant (no norm: 1e4) would flatten every other curve
+        losses = [r["loss"] for runs in variants.values() for records in runs for r in records
+                  if r["split"] == split and np.isfinite(r["loss"]) and r["loss"] > 0]
+        # a loss spike in one variant (no norm: 1e4) would flatten every other curve: log then
+        if losses and max(losses) > 10 * min(losses):
+            row[0].set_yscale("log")
+            plain_ticks(row[0])
         for ax, x_key in zip(row, ("step", "train_time_s"), strict=True):
             for index, (name, runs) in enumerate(variants.items()):
                 _band(ax, runs, split, x_key, name, line_style(index))
@@ -44,7 +55,7 @@ def plot_loss_curves(variants: dict[str, list[list[dict]]], path: Path) -> None:
     # Beside the panels, not in one: a study of dozens of runs has a legend taller than a panel.
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center left", bbox_to_anchor=(1, 0.5),
                fontsize=8)
-    fig.suptitle("mean over seeds, band = min..max")
+    fig.suptitle(title)
     save(fig, path, bbox_inches="tight")
 
 

@@ -609,3 +609,35 @@ def test_a_study_of_many_variants_draws_no_two_lines_alike(tmp_path, monkeypatch
     for drawn in styles:
         variants = {(color, ls) for label, color, ls in drawn if label in names}
         assert len(variants) == len(names), drawn
+
+
+def drawn_figure(monkeypatch) -> list:
+    """The figures study.plots saves, kept (and not written) for a test to look at."""
+    from study import plots
+    figures = []
+    monkeypatch.setattr(plots, "save", lambda fig, path, **kwargs: figures.append(fig))
+    return figures
+
+
+def test_a_seed_that_stopped_early_leaves_the_others_curves_whole(monkeypatch):
+    """The mean at each step is over the seeds that logged it: a diverged seed does not cut its variant's
+    line to its own few steps (a one-point line would not show at all)."""
+    figures = drawn_figure(monkeypatch)
+    whole = [{"split": "train", "step": step, "train_time_s": step, "loss": 6.0 - step} for step in (1, 2, 3)]
+    plot_loss_curves({"post": [whole, whole[:1]], "alone": [whole[:1]]}, Path("loss.png"))
+    steps_panel = figures[0].axes[0]
+    lines = {line.get_label(): line for line in steps_panel.get_lines()}
+    assert list(lines["post"].get_xdata()) == [1, 2, 3] and list(lines["post"].get_ydata()) == [5, 4, 3]
+    assert lines["alone"].get_marker() == "o"
+
+
+@pytest.mark.parametrize("spike, scale", [(4.6, "linear"), (1e4, "log")])
+def test_the_loss_axis_is_logarithmic_only_for_a_spike_and_reads_plainly(spike, scale, monkeypatch):
+    figures = drawn_figure(monkeypatch)
+    curve = [{"split": split, "step": step, "train_time_s": step, "loss": loss}
+             for step, loss in ((1, 4.2), (2, spike)) for split in ("train", "val")]
+    plot_loss_curves({"pre": [curve]}, Path("loss.png"))
+    ax = figures[0].axes[0]
+    figures[0].canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True) if t.get_text()]
+    assert ax.get_yscale() == scale and labels and not any("times" in text for text in labels), labels

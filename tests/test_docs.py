@@ -115,7 +115,8 @@ def test_the_pages_commands_run_in_reading_order_in_one_folder(tmp_path, monkeyp
     ran = []
     for page in ["README.md", "docs/gguf.md", "docs/minimind-import.md", "extras/README.md"]:
         # (README's command 1 runs .venv/bin/python, after its set-up)
-        pattern = r"(?:^|`|\.venv/bin/)python ((?:trainer|extras/interop/convert_to_(?:hf|gguf))[^`\n]+)"
+        pattern = (r"(?:^|`|\.venv/bin/)python "
+                   r"((?:trainer|scripts/plot_runs|extras/interop/convert_to_(?:hf|gguf))[^`\n]+)")
         for line in re.findall(pattern, (ROOT / page).read_text(encoding="utf-8"), re.M):
             script, *args = line.split("#")[0].split()
             tiny = [*tiny_flags, "--max_steps", "2"] if script.startswith("trainer/") else []
@@ -123,3 +124,4 @@ def test_the_pages_commands_run_in_reading_order_in_one_folder(tmp_path, monkeyp
                 importlib.import_module(script[:-3].replace("/", ".")).main([*args, *tiny])
                 ran.append(page)
     assert sorted(set(ran)) == ["README.md", "docs/gguf.md", "extras/README.md"], ran
+    assert Path("out/curves.png").stat().st_size > 10_000  # README's plot of two of its runs

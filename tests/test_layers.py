@@ -108,13 +108,13 @@ def test_an_upward_script_to_script_or_extras_import_is_found(tmp_path):
 AREAS = {  # area: the folders and files it owns
     "core": ["model", "data", "trainer", "common", "eval_llm.py"],
     "study": ["study", "scripts/run_ablation.py", "scripts/write_claims.py"],
-    "scripts": ["scripts/train_tokenizer.py", "scripts/why_normalization.py"],
+    "scripts": ["scripts/train_tokenizer.py", "scripts/why_normalization.py", "scripts/plot_runs.py"],
     "extras": ["extras/interop", "extras/bench", "extras/__init__.py"],
     "tests": ["tests", "extras/tests", "conftest.py"],
 }
 # what each counts (areas, files, or a file and what it imports: "+"), at most this many lines
 TRIPWIRES = {
-    "core": (["core"], 4300),
+    "core": (["core"], 4450),
     "what a training run imports": (["trainer/train_pretrain.py+"], 3900),
     # what a reader follows from the model's formulas to the training step
     "reading path": (["model/model_minimind.py", "model/norms.py", "trainer/train_pretrain.py"], 1575),

@@ -35,6 +35,16 @@ def pyplot():
     return plt
 
 
+def plain_ticks(ax) -> None:
+    """A log or symlog y-axis labelled in plain numbers (5, 0.02, 1e+04), not 5×10⁰."""
+    from matplotlib import ticker
+
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    if ax.get_yscale() == "log":  # minor ticks labelled only where a decade shows few
+        ax.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False,
+                                                         minor_thresholds=(2, 0.5)))
+
+
 def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
     """Each per-layer statistic against block index at the last step that recorded it,
     one line per run (a run that never logged a statistic is left out of its panel)."""
@@ -54,6 +64,7 @@ def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
         if scale == "log" and not (shown > 0).any():
             scale = "linear"
         ax.set(title=title, xlabel="block", yscale=scale)
+        plain_ticks(ax)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     legend = axes.flat[-1]  # the eighth cell holds the legend
