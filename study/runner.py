@@ -48,7 +48,8 @@ def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed
     own = ["--variant", variant, "--num_hidden_layers", str(depth), "--learning_rate", str(lr),
            "--warmup_steps", str(warmup), "--seed", str(seed), "--out_dir", str(out_dir),
            "--resume" if resume else "--overwrite", "--wandb_run_name", name, "--wandb_job", job,
-           "--wandb_group", base.wandb_group or Path(study.out_dir).name]
+           # the study's folder as given: its last name alone (L8, ablation) repeats across studies
+           "--wandb_group", base.wandb_group or Path(study.out_dir).as_posix()]
     if base.min_lr is not None:
         own += ["--min_lr", str(capped_min_lr(base, lr))]
     return parse_args([*study.trainer_flags, *own])

@@ -472,6 +472,7 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
     chosen = {t["variant"]: t["chosen_lr"] for t in tuning}
     assert all(r["args"]["learning_rate"] == chosen[r["variant"]] for r in results)
     assert all(r["args"]["wandb_job"] == ("grid" if r["seed"] == 0 else "seed") for r in results)
+    assert all(r["args"]["wandb_group"] == out.as_posix() for r in results)
     table = (out / "results.md").read_text()
     assert "## Each variant at its own best learning rate" in table
     assert (out / "lr_sensitivity.png").stat().st_size
