@@ -1,5 +1,5 @@
 """The study's figures, drawn by scripts/run_ablation.py's report: loss curves, stability grids, depth and
-learning-rate sensitivity."""
+learning-rate sensitivity (and the loss curves of scripts/plot_runs.py)."""
 
 from pathlib import Path
 

@@ -25,6 +25,8 @@ from trainer.checkpoint import step_folders
 from trainer.runtime import pick_device
 from trainer.train_pretrain import train
 
+REPO = Path(__file__).resolve().parents[1]
+
 # What each run of a study sets for itself (run_args), all of it in the run's name: its variant and
 # the fields a variant name sets (the norm type as --norm), its depth, lr, warmup and seed. The other
 # flags, the bookkeeping aside, are the study's setting: one per folder (check_setting).
@@ -48,11 +50,19 @@ def run_args(base, study, variant: str, depth: int, lr: float, warmup: int, seed
     own = ["--variant", variant, "--num_hidden_layers", str(depth), "--learning_rate", str(lr),
            "--warmup_steps", str(warmup), "--seed", str(seed), "--out_dir", str(out_dir),
            "--resume" if resume else "--overwrite", "--wandb_run_name", name, "--wandb_job", job,
-           # the study's folder as given: its last name alone (L8, ablation) repeats across studies
-           "--wandb_group", base.wandb_group or Path(study.out_dir).as_posix()]
+           "--wandb_group", base.wandb_group or wandb_group(study.out_dir)]
     if base.min_lr is not None:
         own += ["--min_lr", str(capped_min_lr(base, lr))]
     return parse_args([*study.trainer_flags, *own])
+
+
+def wandb_group(out_dir) -> str:
+    """A study's wandb group: its folder from the repository (docs/results/epochs/L8), else its last
+    two names; the last alone (L8, ablation) repeats across studies, and a home path is no one's."""
+    path = Path(out_dir).resolve()
+    if path.is_relative_to(REPO):
+        return path.relative_to(REPO).as_posix()
+    return "/".join(path.parts[-2:])
 
 
 def capped_min_lr(base, lr: float) -> float | None:

@@ -173,6 +173,11 @@ def test_resume_without_a_checkpoint_is_one_line_and_its_advice_works(tmp_path, 
         run(tmp_path / "run", "--max_steps", 2, "--resume")
     assert "no checkpoint in" in str(refusal.value) and "without --resume" in str(refusal.value)
     assert run(tmp_path / "run", "--max_steps", 2)["step"] == 2
+    # a folder of other files, no run of the trainer: --overwrite would refuse it, so not that advice
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("train")
+    with pytest.raises(UserError, match="no checkpoint in .*notes; start afresh in a new --out_dir$"):
+        run(tmp_path / "notes", "--max_steps", 2, "--resume")
 
 
 def test_resume_falls_back_to_the_step_before_a_damaged_one_or_refuses_when_none_loads(run_copy, base_run,

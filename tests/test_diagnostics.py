@@ -4,6 +4,7 @@ real model (every placement), the MFU peaks by device name, and the trainer's re
 import json
 import math
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,3 +191,18 @@ def test_layers_png_of_a_run_with_no_positive_value_to_log_scale_draws_without_a
     record["layer_grad_norm"] = [0.0, 0.0]
     plot_layer_profiles({"diverged": [record]}, tmp_path / "layers.png")
     assert (tmp_path / "layers.png").stat().st_size > 0
+
+
+def test_layers_png_log_panels_read_in_plain_numbers(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+    labels = []
+
+    def record(fig, path, **kwargs):
+        fig.canvas.draw()
+        labels.extend(t.get_text() for ax in fig.axes if ax.get_yscale() != "linear"
+                      for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True) if t.get_text())
+        Path(path).write_bytes(b"")
+    monkeypatch.setattr(Figure, "savefig", record)
+    record_ = {"step": 10, "split": "train", **{key: [1.5, 40.0] for key, _, _ in LAYER_PANELS}}
+    plot_layer_profiles({"run": [record_]}, tmp_path / "layers.png")
+    assert labels and all(float(text.replace("\N{MINUS SIGN}", "-")) >= 0 for text in labels), labels

@@ -22,12 +22,29 @@ def test_runs_are_drawn_under_their_names_and_variants_and_a_killed_one_draws_wh
     real_save = plots.save
     monkeypatch.setattr(plots, "save", save)
     step = next(trained_run.glob("step-*"))
-    plot_runs.main([str(step), str(killed), "--out", str(tmp_path / "curves.png")])
+    figure = tmp_path / "figures" / "curves.png"  # its folder made
+    plot_runs.main([str(step), str(killed), "--out", str(figure)])
     assert drawn == [["rms-pre (pre-rmsnorm)", "killed"]]
-    assert (tmp_path / "curves.png").stat().st_size > 10_000
-    assert capsys.readouterr().out == f"wrote {tmp_path / 'curves.png'}\n"
+    assert figure.stat().st_size > 10_000
+    assert capsys.readouterr().out == f"wrote {figure}\n"
+    # two runs of one name (a/rms-pre, b/rms-pre): told apart by their paths
+    twin = tmp_path / "b" / "rms-pre"
+    shutil.copytree(trained_run, twin)
+    monkeypatch.chdir(tmp_path)
+    plot_runs.main([str(trained_run), str(twin), "--out", str(figure)])
+    assert drawn[-1][1] == "b/rms-pre (pre-rmsnorm)" and drawn[-1][0].endswith("/rms-pre (pre-rmsnorm)")
 
 
-def test_a_folder_without_records_is_named(tmp_path):
-    with pytest.raises(UserError, match=f"^{tmp_path}: no training records .*pass a run folder"):
-        plot_runs.main([str(tmp_path), "--out", str(tmp_path / "curves.png")])
+@pytest.mark.parametrize("case", ["no records", "no finite loss", "given twice", "not a png"])
+def test_what_cannot_be_drawn_is_one_line(case, trained_run, tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": NaN}\n' * 3)
+    argv, message = {
+        "no records": ([tmp_path / "empty"], f"^{tmp_path / 'empty'}: no finite training records"),
+        "no finite loss": ([tmp_path], f"^{tmp_path}: no finite training records .*pass a run folder"),
+        "given twice": ([trained_run, next(trained_run.glob("step-*"))], "a run is given twice"),
+        "not a png": ([trained_run, "--out", tmp_path / "c.pdf"], "the figure is a PNG; name it"),
+    }[case]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=message):
+        plot_runs.main([*map(str, argv), *([] if "--out" in argv else ["--out", str(tmp_path / "c.png")])])
+    assert not (tmp_path / "c.png").exists()

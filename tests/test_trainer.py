@@ -290,5 +290,41 @@ def test_wandb_that_cannot_start_online_logs_offline_and_the_run_trains(tmp_path
     run_id = (out / ".lock").read_text().split()[-1]
     (offline,) = (out / "wandb").glob(f"offline-run-*-{run_id}")
     assert "warning: wandb could not start online" in proc.stderr
-    assert f"wandb: logging offline; upload with `wandb sync {offline}`" in proc.stderr
+    every_start = out / "wandb" / f"offline-run-*-{run_id}"  # a --resume adds one
+    assert f"wandb: logging offline; upload with `wandb sync {every_start}`" in proc.stderr
+    assert offline.exists()
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["split"] == "val"] == [2]
+
+
+def test_after_one_failed_online_start_a_studys_later_runs_go_offline_at_once(tmp_path, monkeypatch):
+    """Each online start waits up to 20 s: a study of many runs in one process pays it once."""
+    import wandb
+
+    from trainer.tracking import Tracker
+
+    class OfflineRun:
+        offline, id = True, "runid"
+        dir = str(tmp_path / "wandb" / "offline-run-1-runid" / "files")
+
+        def define_metric(self, *args, **kwargs):
+            pass
+
+        def finish(self, **kwargs):
+            pass
+
+    modes = []
+
+    def init(mode, **kwargs):
+        modes.append(mode)
+        if mode == "online":
+            raise TimeoutError("no network")
+        return OfflineRun()
+    monkeypatch.setattr(wandb, "init", init)
+    monkeypatch.setattr(wandb, "teardown", lambda: None)
+    monkeypatch.setattr(Tracker, "online_failed", False)
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        Tracker(tmp_path / run, True, {}, "p", run, None, "runid").close()
+    assert modes == ["online", "offline", "offline"]

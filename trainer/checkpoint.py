@@ -123,7 +123,8 @@ def fresh_run_problem(out_dir: Path, resume: bool, overwrite: bool,
     used = any(p.name != ".lock" for p in out_dir.iterdir())
     if resume:
         # e.g. a run killed before its first save: its records are there
-        afresh = "with --overwrite instead" if used else "without --resume"
+        afresh = ("without --resume" if not used
+                  else "with --overwrite instead" if ours else "in a new --out_dir")
         return None if step_folders(out_dir) else (
             f"--resume: no checkpoint in {out_dir}; start afresh {afresh}")
     if used and not overwrite:

@@ -36,7 +36,7 @@ def pyplot():
 
 
 def plain_ticks(ax) -> None:
-    """A log or symlog y-axis labelled in plain numbers (5, 0.02, 1e+04), not 5×10⁰."""
+    """A log or symlog y-axis labelled in plain numbers (5, 0.02, 10000), not 5×10⁰."""
     from matplotlib import ticker
 
     ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
@@ -64,7 +64,8 @@ def plot_layer_profiles(runs: dict[str, list[dict]], path: Path) -> None:
         if scale == "log" and not (shown > 0).any():
             scale = "linear"
         ax.set(title=title, xlabel="block", yscale=scale)
-        plain_ticks(ax)
+        if scale != "linear":
+            plain_ticks(ax)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     legend = axes.flat[-1]  # the eighth cell holds the legend

@@ -40,6 +40,9 @@ class Tracker:
     a context manager that closes both,
     and marks the wandb run failed when the block raised."""
 
+    # set once an online start failed: a study's later runs in this process go offline at once
+    online_failed = False
+
     def __init__(self, out_dir: Path, use_wandb: bool, config: dict,
                  project: str, name: str, group: str | None, run_id: str | None,
                  tags: list[str] = ()):
@@ -53,6 +56,8 @@ class Tracker:
                           id=run_id, resume="allow" if run_id else None)
             key = os.environ.get("WANDB_API_KEY")
             mode = os.environ.get("WANDB_MODE") or ("online" if key else "offline")
+            if mode == "online" and Tracker.online_failed:
+                mode = "offline"
             try:
                 settings = wandb.Settings(init_timeout=20, silent=True)
                 self.run = wandb.init(mode=mode, settings=settings, **kwargs)
@@ -60,13 +65,17 @@ class Tracker:
                 # a network or key problem: keep training, log offline
                 print("warning: wandb could not start online "
                       f"({first_line(err)}); logging offline", file=sys.stderr)
-                # the timed-out start still holds the run's id in wandb's service
-                wandb.teardown()
+                Tracker.online_failed = True
+                # the failed start can still hold the run's id in wandb's service
+                with contextlib.suppress(Exception):
+                    wandb.teardown()
                 self.run = wandb.init(
                     mode="offline", settings=wandb.Settings(silent=True), **kwargs)
             if self.run.offline:  # nothing reaches wandb.ai until it is synced
-                print(f"wandb: logging offline; upload with `wandb sync "
-                      f"{Path(self.run.dir).parent}`", file=sys.stderr)
+                # every start of the run (a --resume adds one) has its folder
+                parts = Path(self.run.dir).parents[1] / f"offline-run-*-{self.run.id}"
+                print(f"wandb: logging offline; upload with `wandb sync {parts}`",
+                      file=sys.stderr)
             # x-axis: our own step,
             # so that the steps a --resume trains again are not dropped as going back
             self.run.define_metric("step")
