@@ -186,7 +186,8 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
                          *([f"lr={lr:g} wu={warmup}"] if grid else [])])  # tuned: one lr per variant
 
     plot_loss_curves({label(*k): m for k, m in metrics.items()}, out / "loss_curves.png")
-    plot_layer_profiles({label(*k): m[0] for k, m in metrics.items()
+    # one run per line, its group's first seed: a mean of profiles would be no run's
+    plot_layer_profiles({f"{label(*k)} (seed {groups[k][0]['seed']})": m[0] for k, m in metrics.items()
                          if any(r["split"] == "train" for r in m[0])}, out / "layers.png")
     text = ["# Normalization ablation", "", describe(environment()) + " Each run's is in results.json.", "",
             f"Seeds: {seeds or 'none finished yet'}. Values are mean ± SD over seeds of "

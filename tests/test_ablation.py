@@ -308,9 +308,17 @@ def test_a_preset_study_trains_the_presets_shape_under_each_variants_norms(tmp_p
 
 
 @pytest.mark.slow  # four runs and their figures: 15-40 s on 2 busy cores
-def test_two_variant_two_seed_study_writes_plots_and_table(study):
+def test_two_variant_two_seed_study_writes_plots_and_table(study, monkeypatch):
+    profiles = []
+
+    def layer_profiles(runs, path):
+        profiles.append(sorted(runs))
+        Path(path).write_bytes(b"png")
+    monkeypatch.setattr(report, "plot_layer_profiles", layer_profiles)
     out = study("--variants", "pre-rmsnorm", "post-layernorm", "--seeds", "0", "1", "--max_steps", "4",
                 "--eval_interval", "4")
+    # the layer profile draws one run of each variant, and says which
+    assert profiles[-1] == ["post-layernorm (seed 0)", "pre-rmsnorm (seed 0)"]
     for name in ("loss_curves.png", "layers.png", "results.md", "results.json"):
         assert (out / name).stat().st_size > 0, name
     assert not (out / "depth.png").exists()  # one depth: no depth figure
