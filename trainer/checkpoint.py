@@ -116,17 +116,19 @@ def runs_in(folder: Path) -> str:
 
 def fresh_run_problem(out_dir: Path, resume: bool, overwrite: bool,
                       ours: bool) -> str | None:
-    runs = "" if step_folders(out_dir) else runs_in(out_dir)
+    has_steps = bool(step_folders(out_dir))
+    runs = "" if has_steps else runs_in(out_dir)
     if runs:  # the folder the runs are in, given for one of them
         return (f"--out_dir {out_dir} holds runs ({runs}); pass one of them "
                 "with --resume, or choose a new --out_dir")
     used = any(p.name != ".lock" for p in out_dir.iterdir())
-    if resume:
+    if resume and not has_steps:
         # e.g. a run killed before its first save: its records are there
         afresh = ("without --resume" if not used
                   else "with --overwrite instead" if ours else "in a new --out_dir")
-        return None if step_folders(out_dir) else (
-            f"--resume: no checkpoint in {out_dir}; start afresh {afresh}")
+        return f"--resume: no checkpoint in {out_dir}; start afresh {afresh}"
+    if resume:
+        return None
     if used and not overwrite:
         return (f"--out_dir {out_dir} is not empty (an earlier run?); "
                 "continue it with --resume, "
@@ -222,11 +224,10 @@ def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, objec
         raise UserError(f"{path}: {what}; "
                         "pass the trainer's --out_dir or a model folder")
     candidates = [path] if (path / "config.json").is_file() else step_folders(path)
-    # e.g. the folder the runs are in, `out`, for a run folder in it
-    runs = "" if candidates else runs_in(path)
-    if runs:
-        raise UserError(f"{path}: holds runs, not a checkpoint; pass one of them ({runs})")
     if not candidates:
+        # e.g. the folder the runs are in, `out`, for a run folder in it
+        if runs := runs_in(path):
+            raise UserError(f"{path}: holds runs, not a checkpoint; pass one of them ({runs})")
         raise UserError(f"{path}: no checkpoint (no config.json, no step-N folder); "
                         "has the run saved one?")
     failures = []
