@@ -199,8 +199,11 @@ def grid_choice(study, variant: str, depth: int, results: dict[Run, dict], point
     warmup, tune_seeds = study.warmup_steps[0], study.tune_seeds
     lrs = sorted(study.tune_lr_for.get(variant, study.tune_lr))
     extensions = 0
-    while not (missing := [(variant, depth, lr, warmup, seed) for lr in lrs for seed in tune_seeds
-                           if (variant, depth, lr, warmup, seed) not in results]):
+    while True:
+        grid = [(variant, depth, lr, warmup, seed) for lr in lrs for seed in tune_seeds]
+        missing = [run for run in grid if run not in results]
+        if missing:
+            break
         seed_points = [[point((variant, depth, lr, warmup, seed)) for seed in tune_seeds] for lr in lrs]
         points = [lr_tuning.grid_point(lr, p) for lr, p in zip(lrs, seed_points, strict=True)]
         chosen = lr_tuning.choose_lr(points)
@@ -272,10 +275,13 @@ def train_study(study, base, worker: Worker) -> Plan:
     def finished_so_far() -> Plan:
         current = plan()
         # runs finished earlier or by other ranks (and, in turn, what their results let train)
-        while fresh := {run: s for run in current.pending if (s := finished_run(base, study, *run))}:
+        while True:
+            found = {run: finished_run(base, study, *run) for run in current.pending}
+            fresh = {run: summary for run, summary in found.items() if summary}
+            if not fresh:
+                return current
             results.update(fresh)
             current = plan()
-        return current
 
     if study.report_only:
         current = finished_so_far()
