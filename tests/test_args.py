@@ -121,6 +121,19 @@ def test_what_argparse_cannot_check_is_one_line_in_the_flags_words(flags, messag
     assert str(err.value) == message
 
 
+@pytest.mark.parametrize("device, message", [
+    ("mps", "--device mps: runs on cpu or cuda only"),
+    ("cuda:7", "--device cuda:7: no such GPU here (the last is cuda:0)"),
+    ("gpu", "--device gpu: not a device; use auto, cpu, cuda or cuda:N"),
+])
+def test_a_device_the_code_cannot_use_is_one_line(monkeypatch, device, message):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # as on a machine with one GPU
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    with pytest.raises(UserError) as err:
+        parse_args(["--device", device])
+    assert str(err.value) == message
+
+
 def test_the_flags_are_resolved_once_and_read_only():
     args = parse_args(["--device", "cpu", "--norm_position", "hybrid"])
     assert (args.max_steps, args.hidden_size, args.qk_norm) == (760, 128, "head")

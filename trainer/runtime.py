@@ -24,8 +24,15 @@ def pick_device(name: str = "auto") -> torch.device:
     except RuntimeError:
         raise UserError(f"--device {name}: not a device; "
                         "use auto, cpu, cuda or cuda:N") from None
+    # the code is written and tested for these two (no mps: fused AdamW, NCCL, ...)
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name}: runs on cpu or cuda only")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {name}: CUDA is not available here; use --device cpu")
+    gpus = torch.cuda.device_count()
+    if device.type == "cuda" and (device.index or 0) >= gpus:
+        raise UserError(f"--device {name}: no such GPU here "
+                        f"(the last is cuda:{gpus - 1})")
     return device
 
 
