@@ -83,6 +83,7 @@ def test_slug_follows_github():
 def switch_table() -> str:
     """docs/model.md's table of switches, as the model config's declaration (SWITCHES) gives it."""
     from model import SWITCHES
+    from trainer.args import DEVICE_DEFAULTS
 
     def values(switch) -> str:
         if switch.choices:
@@ -93,6 +94,8 @@ def switch_table() -> str:
     for s in SWITCHES:
         flag = f"`--{s.name}`" + (f" (`--{s.flag}`)" if s.flag else "")
         default = "derived" if s.default is None else f"`{s.default}`"
+        if s.name in DEVICE_DEFAULTS["cpu"]:  # the trainer's default, where it differs by device
+            default = f"`{DEVICE_DEFAULTS['cuda'][s.name]}` on CUDA, `{DEVICE_DEFAULTS['cpu'][s.name]}` on CPU"
         rows.append(f"| {flag} | {values(s)} | {default} | {s.help.replace('|', '/')} |")
     return "\n".join(rows)
 
