@@ -221,6 +221,15 @@ def without_norms(c: SimpleNamespace) -> list[tuple]:
     return [(p.skip_scale, p.init_scale, p.residual_scale) for p in layer_plans(c)]
 
 
+def norms_added(c: SimpleNamespace) -> list[str]:
+    """The switches on in c that add norms of their own, beside the placement's
+    (ReZero has norms only where one of these adds them)."""
+    return [f for f, on in (("qk_norm", c.qk_norm != "none"),
+                            ("v_norm", c.v_norm != "none"),
+                            ("sub_norm", c.sub_norm),
+                            ("embed_norm", c.embed_norm == "norm")) if on]
+
+
 def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str,
                    training: bool = False) -> str | None:
     """Why these switch values (with_implied's) make no model, in one line naming each
@@ -257,15 +266,16 @@ def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str,
     if c.norm_type == "none" and c.norm_position in QKV_PLACEMENTS:
         return (f"{name('norm_position')} {c.norm_position} normalizes q, k and v, "
                 f"but {name('norm_type')} is none")
-    adding = [f for f, on in (("qk_norm", c.qk_norm != "none"),
-                              ("v_norm", c.v_norm != "none"),
-                              ("sub_norm", c.sub_norm),
-                              ("embed_norm", c.embed_norm == "norm")) if on]
+    adding = norms_added(c)
     if adding and c.norm_type == "none":
         return f"{name(adding[0])} adds norms, but {name('norm_type')} is none"
     if c.norm_gain != "w" and not NORM_TYPES[c.norm_type].gain:
         return (f"{name('norm_gain')} {c.norm_gain} needs a gain, "
                 f"which {name('norm_type')} {c.norm_type} has not")
+    # a switch that changes nothing would name another variant for the same model
+    if training and c.norm_gain != "w" and c.norm_position == "rezero" and not adding:
+        return (f"{name('norm_gain')} {c.norm_gain} needs a norm's gain, "
+                f"and {name('norm_position')} rezero has no norms")
     # a placement that only places norms builds Pre-Norm's model when there are none:
     # refused, so that no study trains (and labels) the same model twice
     if (training and c.norm_type == "none" and c.norm_position != "pre"

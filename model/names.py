@@ -6,7 +6,7 @@ for --variant, the runner and the reports alike."""
 
 import re
 
-from model.model_minimind import SWITCH, SWITCHES, config_problem, with_implied
+from model.model_minimind import SWITCH, SWITCHES, config_problem, norms_added, with_implied
 from model.norms import NORM_TYPES
 
 # The fields a variant name speaks of:
@@ -55,11 +55,8 @@ def norm_variant(config) -> str:
             parts.append("qkv" if qkv and switch.name == "qk_norm"
                          else switch.token[value])
     name = "+".join(parts)
-    # ReZero has norms only where a switch (QK-, V-, sub- or embedding norm) adds them;
-    # with none, no type
-    if (config.norm_position != "rezero"
-            or config.qk_norm != "none" or config.v_norm != "none"
-            or config.sub_norm or config.embed_norm == "norm"):
+    # ReZero has norms only where a switch adds them; with none, no type
+    if config.norm_position != "rezero" or norms_added(config):
         name += f"-{config.norm_type}"
     return next((recipe for recipe, spelled in RECIPES.items() if spelled == name), name)
 
@@ -70,11 +67,6 @@ def variant_fields(name: str) -> dict:
     ValueError naming the part that is not one."""
     name = RECIPES.get(name, name)
     placement, _, norm = name.rpartition("-") if "-" in name else (name, "", "none")
-    # "pre" alone would be pre-none, a model without a norm (ReZero has none to name)
-    normed = set(SWITCH["norm_position"].choices) - {"rezero"}
-    if "-" not in name and placement.split("+")[0] in normed:
-        raise ValueError(f"variant {name!r} names no norm type; name one: {name}-rmsnorm, "
-                         f"{name}-layernorm, ... ({name}-none has no norms)")
     if norm not in NORM_TYPES:
         raise ValueError(f"variant {name!r}: {norm!r} is not a norm type; "
                          f"allowed: {sorted(NORM_TYPES)}")
@@ -83,7 +75,7 @@ def variant_fields(name: str) -> dict:
     mix = re.fullmatch(r"mix([0-9.]+)", position)
     if mix:
         position = "mix"
-        fields["mix_ln_fraction"] = float(mix[1])
+        fields["mix_ln_fraction"] = number_in(name, mix[1], float)
     if position not in SWITCH["norm_position"].choices:
         raise ValueError(f"variant {name!r}: {position!r} is not a norm position; "
                          f"allowed: {list(SWITCH['norm_position'].choices)}, "
@@ -98,7 +90,7 @@ def variant_fields(name: str) -> dict:
         number = next((s for s in SWITCHES if isinstance(s.token, str)
                        and re.fullmatch(rf"{s.token}[0-9.e+-]+", token)), None)
         if number:
-            sets = {number.name: number.type(token.removeprefix(number.token))}
+            sets = {number.name: number_in(name, token.removeprefix(number.token), number.type)}
         elif token in TOKENS:
             sets = TOKENS[token]
         else:
@@ -110,7 +102,21 @@ def variant_fields(name: str) -> dict:
                              f"sets {', '.join(twice)} a second time")
         named |= sets.keys()
         fields |= sets
+    # "pre" alone would be pre-none, a model without a norm;
+    # ReZero has norms to name a type for only where its tokens add them
+    if "-" not in name and (position != "rezero" or norms_added(with_implied(fields))):
+        none = f" ({name}-none has no norms)" if position != "rezero" else ""
+        raise ValueError(f"variant {name!r} names no norm type; name one: {name}-rmsnorm, "
+                         f"{name}-layernorm, ...{none}")
     return fields
+
+
+def number_in(name: str, text: str, kind: type):
+    """A variant name's number (mix0.25, softcap15), or a ValueError naming it."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"variant {name!r}: {text!r} is not a number") from None
 
 
 def variant_problem(name: str) -> str | None:

@@ -138,8 +138,9 @@ def test_a_training_runs_folder_is_refused_as_a_studys(capsys, monkeypatch, tmp_
 
 def test_runs_side_by_side_refuse_a_gpu_index_that_would_put_every_rank_on_one_gpu(capsys, monkeypatch,
                                                                                     tmp_path):
-    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun, on a machine with two GPUs
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert refused(capsys, monkeypatch, tmp_path, "--device", "cuda:1") == (
         "error: --parallel runs trains each rank on its own GPU: give --device cuda, not cuda:1")
 

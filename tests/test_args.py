@@ -97,6 +97,15 @@ def test_a_bad_value_is_argparses_one_line(flags, message):
      "--variant 'pre+qk_head+qk_proj-rmsnorm': 'qk_proj' sets qk_norm a second time"),
     (["--variant", "pre"], "--variant 'pre' names no norm type; name one: pre-rmsnorm, pre-layernorm, ... "
      "(pre-none has no norms)"),
+    # a name's own mistakes in its own words, not those of flags never typed
+    (["--variant", "rezero+qk_head"], "--variant 'rezero+qk_head' names no norm type; name one: "
+     "rezero+qk_head-rmsnorm, rezero+qk_head-layernorm, ..."),
+    (["--variant", "mix0.5.5-rmsnorm"], "--variant 'mix0.5.5-rmsnorm': '0.5.5' is not a number"),
+    (["--variant", "pre+softcap-1-rmsnorm"], "--variant 'pre+softcap-1-rmsnorm' makes no model "
+     "(logit_softcap must be a finite number >= 0, got -1.0)"),
+    # ReZero without a switch that adds norms has no gain to store
+    (["--norm_position", "rezero", "--norm_gain", "one_plus_w"],
+     "--norm_gain one_plus_w needs a norm's gain, and --norm_position rezero has no norms"),
     (["--variant", "pro-rmsnorm"], "--variant 'pro-rmsnorm': 'pro' is not a norm position; allowed: ['pre', "
      "'post', 'peri', 'reorder', 'deepnorm', 'mix', 'hybrid', 'hybrid_star', 'rezero'], or a whole name: "
      "['nanochat']"),

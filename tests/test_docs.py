@@ -95,7 +95,8 @@ def switch_table() -> str:
         flag = f"`--{s.name}`" + (f" (`--{s.flag}`)" if s.flag else "")
         default = "derived" if s.default is None else f"`{s.default}`"
         if s.name in DEVICE_DEFAULTS["cpu"]:  # the trainer's default, where it differs by device
-            default = f"`{DEVICE_DEFAULTS['cuda'][s.name]}` on CUDA, `{DEVICE_DEFAULTS['cpu'][s.name]}` on CPU"
+            cuda, cpu = (DEVICE_DEFAULTS[device][s.name] for device in ("cuda", "cpu"))
+            default = f"`{cuda}` on CUDA, `{cpu}` on CPU"
         rows.append(f"| {flag} | {values(s)} | {default} | {s.help.replace('|', '/')} |")
     return "\n".join(rows)
 

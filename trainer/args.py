@@ -12,7 +12,7 @@ from common.cli import (
     non_negative,
     positive_int,
 )
-from model import PRESETS, SWITCHES, variant_fields
+from model import PRESETS, SWITCHES, variant_fields, variant_problem
 from model.model_minimind import config_problem, with_implied
 from trainer.optim import OPTIMIZERS
 from trainer.runtime import pick_device
@@ -250,10 +250,12 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     args = parser.parse_args(argv)
     fields = dict(PRESETS[args.preset]) if args.preset else {}
     if args.variant:
-        try:
-            fields |= variant_fields(args.variant)
-        except ValueError as err:
-            raise UserError(f"--{err}") from None
+        # a name that makes no model alone is refused in its own words,
+        # not in those of flags the user never typed
+        if problem := variant_problem(args.variant):
+            raise UserError(f"--{problem}" if problem.startswith("variant ") else
+                            f"--variant {args.variant!r} makes no model ({problem})")
+        fields |= variant_fields(args.variant)
     # what the command line gives wins over preset and variant
     for action in parser._actions:
         action.default = argparse.SUPPRESS
