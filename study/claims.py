@@ -140,10 +140,12 @@ def runs_of(folder: Path, variant: str) -> list[dict]:
     """Every finished run of a variant in a study folder, each with out_dir where it is now."""
     runs = []
     for run_dir in sorted(p for p in (folder / "runs").glob("*") if p.is_dir()):
-        if not (run_dir / "summary.json").is_file():
-            raise ValueError(f"{run_dir} has no summary.json: an unfinished run (finish it, or delete "
-                             "the folder)")
-        run = read_json(run_dir / "summary.json") | {"out_dir": str(run_dir)}
+        summary = run_dir / "summary.json"
+        # a stopped run writes its summary too, marked interrupted: its study's command resumes it
+        if not summary.is_file() or read_json(summary)["interrupted"]:
+            raise ValueError(f"{run_dir}: an unfinished run (finish it with its study's command, or "
+                             "delete the folder)")
+        run = read_json(summary) | {"out_dir": str(run_dir)}
         if run["variant"] == variant:
             runs.append(run)
     return runs

@@ -26,8 +26,8 @@ def write_run(folder, variant: str, seed: int, loss: float, failed: bool = False
             "batch_size": 8, "max_seq_len": 256, "accumulation_steps": 1, "num_attention_heads": 8,
             "hidden_size": 128, "data_path": None}
     summary = {"variant": variant, "seed": seed, "val_loss": loss, "diverged": False, "plateaued": failed,
-               "max_steps": 100, "args": args, "num_params": 2e6, "hidden_size": 128, "environment": cpu,
-               "data": {"train": {"num_tokens": 204_800}}}
+               "interrupted": False, "max_steps": 100, "args": args, "num_params": 2e6, "hidden_size": 128,
+               "environment": cpu, "data": {"train": {"num_tokens": 204_800}}}
     (run / "summary.json").write_text(json.dumps(summary))
     last = loss - 0.5 if train is None else train
     metrics = [{"step": step, "split": "train", "loss": loss + 1.0 if step <= 90 else last}
@@ -251,17 +251,20 @@ def test_the_lr_check_moves_a_choice_only_when_another_lr_is_better_by_more_than
     assert claims.lr_check("not run", "short", tmp_path) == []
 
 
-@pytest.mark.parametrize("damage", ["cut summary", "cut tuning", "no metrics", "no summary"])
-def test_a_damaged_study_file_is_one_line_naming_it(damage, tmp_path):
+@pytest.mark.parametrize("damage", ["cut summary", "cut tuning", "no metrics", "no summary", "stopped"])
+def test_a_damaged_or_unfinished_study_file_is_one_line_naming_it(damage, tmp_path):
     study(tmp_path / "folder", GAPS)
     run = tmp_path / "folder" / "runs" / "post-rmsnorm-lr0.004-s3"
     damaged = {"cut summary": run / "summary.json", "cut tuning": tmp_path / "folder" / "tuning.json",
-               "no metrics": run / "metrics.jsonl", "no summary": run / "summary.json"}[damage]
+               "no metrics": run / "metrics.jsonl", "no summary": run / "summary.json",
+               "stopped": run / "summary.json"}[damage]
     if damage.startswith("cut"):
         damaged.write_text(damaged.read_text()[:30])
+    elif damage == "stopped":  # Ctrl-C: the summary of a run its study's command resumes
+        damaged.write_text(json.dumps(json.loads(damaged.read_text()) | {"interrupted": True}))
     else:
         damaged.unlink()
-    named = run if damage == "no summary" else damaged
+    named = run if damage in ("no summary", "stopped") else damaged
     with pytest.raises(ValueError, match=re.escape(str(named))):
         judged(tmp_path / "folder")
 
