@@ -69,7 +69,8 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     p.add_argument("--lr_from", type=Path, metavar="STUDY", help="instead of --tune_lr: each variant's lr "
                    "is the one STUDY/tuning.json records (see above)")
     p.add_argument("--report_only", action="store_true", help="report the finished runs, train nothing")
-    p.add_argument("--baseline", default="pre-rmsnorm", help="with --tune_lr: what each is compared with")
+    p.add_argument("--baseline", help="with --tune_lr: the variant of --variants each is compared with "
+                   "(default: pre-rmsnorm)")
     p.add_argument("--out_dir", default="out/ablation", help="study folder: runs/, figures, results.md")
     p.add_argument("--parallel", choices=("runs", "data"), default="runs", help="under torchrun: each rank "
                    "trains whole runs side by side (runs), or every run in turn across all ranks (data)")
@@ -112,8 +113,13 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     grids |= {f"--tune_lr_for {variant}": lrs for variant, lrs in own.tune_lr_for.items()}
     if thin := [flag for flag, lrs in grids.items() if len(set(lrs)) < 2]:
         raise UserError(f"{thin[0]}: give two or more lrs to choose among (one lr: --learning_rates)")
-    if problem := variant_problem(own.baseline):
-        raise UserError(f"--baseline: {problem}")
+    # given, it must be trained here (by this command or an earlier one);
+    # the default is simply absent from a study without it
+    earlier = own.baseline and any((Path(own.out_dir) / "runs").glob(f"{own.baseline}-L*"))
+    if own.baseline is not None and own.baseline not in variants and not earlier:
+        raise UserError(f"--baseline {own.baseline}: not one of --variants, and {own.out_dir} holds no "
+                        "run of it to compare with")
+    own.baseline = own.baseline or "pre-rmsnorm"
     if bad := [v for v in own.tune_lr_for if v not in variants]:
         raise UserError(f"--tune_lr_for {' '.join(bad)}: not one of --variants")
     if own.tune_lr and int(os.environ.get("WORLD_SIZE", "1")) > 1 and own.parallel == "data":

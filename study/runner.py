@@ -19,6 +19,7 @@ from data.token_stream import ORDER, tokenizer_fingerprint
 from study import lr_tuning
 from study.claims import batch_order, read_json
 from study.parallel import Worker, meet, train_in_parallel
+from study.report import read_tuning
 from study.variants import PLACEMENT_DEFAULTS
 from trainer.args import BOOKKEEPING, RunConfig, parse_args
 from trainer.checkpoint import step_folders
@@ -110,6 +111,20 @@ def check_setting(base, study) -> None:
     if not same_data:
         raise UserError(f"{folder} holds runs trained on other data or tokenizer than --data_path and "
                         f"--tokenizer_path give now; {advice}")
+    if not (folder / "tuning.json").is_file():
+        return
+    # a tuned folder's report is of lrs chosen on its tune seeds: another command would rewrite it
+    if not (study.tune_lr or study.lr_from):
+        raise UserError(f"{folder} holds a study that chose its lrs (tuning.json): give its --tune_lr "
+                        f"(or --lr_from) again; {advice}")
+    for record in read_tuning(folder / "tuning.json"):
+        chose_on = record.get("tune_seeds")
+        ours = record["variant"] in study.variants and record["depth"] in study.depths
+        if study.tune_lr and ours and chose_on is not None and chose_on != study.tune_seeds:
+            seeds = " ".join(map(str, chose_on))
+            raise UserError(f"{folder} chose {record['variant']} L{record['depth']}'s lr on tune seeds "
+                            f"{seeds}, not {' '.join(map(str, study.tune_seeds))}: give --tune_seeds "
+                            f"{seeds}, or use a new --out_dir")
 
 
 def finished_run(base, study, *run) -> dict | None:

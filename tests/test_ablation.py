@@ -115,7 +115,7 @@ def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
      "--seeds (see --help)"),
     (["--lr_from", "x", "--learning_rates", "1e-3"], "error: --lr_from picks each variant's lr itself: drop "
      "--learning_rates, and give one --warmup_steps"),
-    (["--baseline", "pre-rmsnrm"], "--baseline: variant 'pre-rmsnrm': 'rmsnrm' is not a norm type"),
+    (["--baseline", "pre-rmsnrm"], "--baseline pre-rmsnrm: not one of --variants, and "),
     *((["--tune_lr", "1e-3", bad], "argument --tune_lr: invalid positive_float value") for bad in ("0",
                                                                                                    "nan")),
     (["--learning_rates", "1e-3", "inf"], "argument --learning_rates: invalid positive_float value: 'inf'"),
@@ -504,6 +504,19 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
     monkeypatch.setattr(runner, "train", no_training)
     study(*flags)
     assert json.loads((out / "tuning.json").read_text()) == tuning
+    # the folder's choices stand: other tune seeds would count seed 0 as fresh, and a command that
+    # chooses no lr would report a stability grid over them
+    report_before = (out / "results.md").read_text()
+    other_seeds = [*flags, "--report_only"]
+    other_seeds[other_seeds.index("--tune_seeds") + 1] = "1"
+    with pytest.raises(UserError, match=f"^{re.escape(str(out))} chose pre-rmsnorm L2's lr on tune seeds 0, "
+                       "not 1: give --tune_seeds 0, or use a new --out_dir$"):
+        study(*other_seeds)
+    fixed = ["--variants", "pre-rmsnorm", "--seeds", "1", "--learning_rates", "1e-3", *flags[-8:]]
+    with pytest.raises(UserError, match=r"holds a study that chose its lrs \(tuning.json\): give its "):
+        study(*fixed, "--report_only")
+    assert json.loads((out / "tuning.json").read_text()) == tuning
+    assert (out / "results.md").read_text() == report_before
 
 
 def test_study_cost_counts_modified_trees_apart_from_runs_that_recorded_no_commit(tmp_path):
