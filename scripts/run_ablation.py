@@ -138,6 +138,12 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     own.depths = list(dict.fromkeys(own.depths or [base.num_hidden_layers]))
     own.learning_rates = list(dict.fromkeys(own.learning_rates or [base.learning_rate]))
     own.warmup_steps = list(dict.fromkeys(own.warmup_steps or [base.warmup_steps]))
+    # e.g. --max_steps 20 on CPU, whose default warmup is 100 steps: the trainer only warns,
+    # but a tuning grid would choose among lrs its runs never reach, and grow on them
+    if own.tune_lr and base.lr_decay_steps is None and own.warmup_steps[0] > base.max_steps:
+        raise UserError(f"--tune_lr: --warmup_steps {own.warmup_steps[0]} is longer than each run "
+                        f"(--max_steps {base.max_steps}), so no run would reach its lr; set "
+                        "--warmup_steps at most --max_steps")
     return own, base
 
 

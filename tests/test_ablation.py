@@ -119,6 +119,9 @@ def refused(capsys, monkeypatch, tmp_path, *flags: str) -> str:
     *((["--tune_lr", "1e-3", bad], "argument --tune_lr: invalid positive_float value") for bad in ("0",
                                                                                                    "nan")),
     (["--learning_rates", "1e-3", "inf"], "argument --learning_rates: invalid positive_float value: 'inf'"),
+    # the CPU's default warmup (100 steps) in a quick study
+    (["--max_steps", "20", "--tune_lr", "1e-3", "2e-3"], "error: --tune_lr: --warmup_steps 100 is longer "
+     "than each run (--max_steps 20), so no run would reach its lr; set --warmup_steps at most --max_steps"),
 ])
 def test_bad_study_flags_are_one_line_refused_before_anything_trains(flags, message, capsys, monkeypatch,
                                                                      tmp_path):
