@@ -271,6 +271,12 @@ def tune_plan(study, results: dict[Run, dict], point, say) -> Plan:
     return Plan({**grid_runs, **seed_runs}, groups, tuning)
 
 
+def unasked(study, asked: list[Run]) -> int:
+    """How many finished runs the study's folder holds besides those asked for."""
+    names = {run_name(*run) for run in asked}
+    return sum(p.parent.name not in names for p in Path(study.out_dir).glob("runs/*/summary.json"))
+
+
 def train_study(study, base, worker: Worker) -> Plan:
     """Train every run the study's plan asks for, one after another, or under torchrun with --parallel runs,
     side by side with the other ranks (study/parallel.py); return the plan once nothing is left to train."""
@@ -300,7 +306,14 @@ def train_study(study, base, worker: Worker) -> Plan:
 
     if study.report_only:
         current = finished_so_far()
-        print(f"--report_only: {len(current.pending)} runs the study asks for are not trained")
+        missing = f"--report_only: {len(current.pending)} runs the study asks for are not trained"
+        others = unasked(study, [*results, *current.pending])
+        # none found, others there: a flag of the study's own left out (its --depths, say);
+        # some found: other commands' runs in a folder they share
+        if not results and others:
+            missing += (f"; {study.out_dir} holds {others} finished runs it does not ask for: repeat "
+                        "the study's own --variants, --seeds, --depths and lrs")
+        print(missing)
         return current
     if worker.world_size > 1 and study.parallel == "runs":
         # every rank's plan holds every rank's finished runs, read from their summaries

@@ -576,11 +576,25 @@ def test_a_variant_that_trains_at_no_lr_grows_its_grid_both_ways_and_trains_no_o
         return None if (run[0], run[-1]) == ("pre-rmsnorm", 2) else fake(base, study, *run, "grid")
     monkeypatch.setattr(runner, "finished_run", finished_run)
     study.report_only = True
+    study.out_dir = str(tmp_path)
     plan = runner.train_study(study, base, Worker())
     assert list(plan.pending) == [("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0], 2)] and not plan.groups
-    assert "--report_only: 1 runs the study asks for are not trained" in capsys.readouterr().out
+    told = capsys.readouterr().out.splitlines()[-1]
+    assert told == "--report_only: 1 runs the study asks for are not trained"
+    # a run the command does not name: another command's, in a folder they share, is no slip...
+    stray = tmp_path / "runs" / runner.run_name("pre-rmsnorm", 1, 2e-3, study.warmup_steps[0], 0)
+    stray.mkdir(parents=True)
+    (stray / "summary.json").write_text("{}")
+    runner.train_study(study, base, Worker())
+    assert capsys.readouterr().out.splitlines()[-1] == told
+    # ...but beside none of the command's own, it is the likely one: a flag of the study's left out
+    monkeypatch.setattr(runner, "finished_run", lambda *run: None)
+    runner.train_study(study, base, Worker())
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        f"are not trained; {tmp_path} holds 1 finished runs it does not ask for: repeat the study's own "
+        "--variants, --seeds, --depths and lrs")
+    shutil.rmtree(stray.parent)
     # no variant has all its seeds: the report gives the lr choices, and says so of the seeds
-    study.out_dir = str(tmp_path)
     report.report(study, plan.groups, plan.tuning)
     assert [t["chosen_lr"] for t in json.loads((tmp_path / "tuning.json").read_text())] == [2e-3, None]
     page = (tmp_path / "results.md").read_text()
