@@ -69,8 +69,8 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     p.add_argument("--lr_from", type=Path, metavar="STUDY", help="instead of --tune_lr: each variant's lr "
                    "is the one STUDY/tuning.json records (see above)")
     p.add_argument("--report_only", action="store_true", help="report the finished runs, train nothing")
-    p.add_argument("--baseline", help="with --tune_lr: the variant of --variants each is compared with "
-                   "(default: pre-rmsnorm)")
+    p.add_argument("--baseline", help="with --tune_lr: the variant each is compared with, one of --variants "
+                   "or trained in --out_dir by an earlier command (default: pre-rmsnorm)")
     p.add_argument("--out_dir", default="out/ablation", help="study folder: runs/, figures, results.md")
     p.add_argument("--parallel", choices=("runs", "data"), default="runs", help="under torchrun: each rank "
                    "trains whole runs side by side (runs), or every run in turn across all ranks (data)")
@@ -113,13 +113,6 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     grids |= {f"--tune_lr_for {variant}": lrs for variant, lrs in own.tune_lr_for.items()}
     if thin := [flag for flag, lrs in grids.items() if len(set(lrs)) < 2]:
         raise UserError(f"{thin[0]}: give two or more lrs to choose among (one lr: --learning_rates)")
-    # given, it must be trained here (by this command or an earlier one);
-    # the default is simply absent from a study without it
-    earlier = own.baseline and any((Path(own.out_dir) / "runs").glob(f"{own.baseline}-L*"))
-    if own.baseline is not None and own.baseline not in variants and not earlier:
-        raise UserError(f"--baseline {own.baseline}: not one of --variants, and {own.out_dir} holds no "
-                        "run of it to compare with")
-    own.baseline = own.baseline or "pre-rmsnorm"
     if bad := [v for v in own.tune_lr_for if v not in variants]:
         raise UserError(f"--tune_lr_for {' '.join(bad)}: not one of --variants")
     if own.tune_lr and int(os.environ.get("WORLD_SIZE", "1")) > 1 and own.parallel == "data":
@@ -138,9 +131,18 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     own.depths = list(dict.fromkeys(own.depths or [base.num_hidden_layers]))
     own.learning_rates = list(dict.fromkeys(own.learning_rates or [base.learning_rate]))
     own.warmup_steps = list(dict.fromkeys(own.warmup_steps or [base.warmup_steps]))
+    # given, it must be trained here, by this command or an earlier one at each depth;
+    # the default is simply absent from a study without it
+    if own.baseline is not None and own.baseline not in own.variants:
+        runs = Path(own.out_dir) / "runs"
+        trained = [any(runs.glob(f"{own.baseline}-L{depth}-*/summary.json")) for depth in own.depths]
+        if not all(trained):
+            raise UserError(f"--baseline {own.baseline}: not one of --variants, and {own.out_dir} holds "
+                            "no run of it to compare with")
+    own.baseline = own.baseline or "pre-rmsnorm"
     # e.g. --max_steps 20 on CPU, whose default warmup is 100 steps: the trainer only warns,
     # but a tuning grid would choose among lrs its runs never reach, and grow on them
-    if own.tune_lr and base.lr_decay_steps is None and own.warmup_steps[0] > base.max_steps:
+    if own.tune_lr and own.warmup_steps[0] > base.max_steps:
         raise UserError(f"--tune_lr: --warmup_steps {own.warmup_steps[0]} is longer than each run "
                         f"(--max_steps {base.max_steps}), so no run would reach its lr; set "
                         "--warmup_steps at most --max_steps")

@@ -141,11 +141,12 @@ def runs_of(folder: Path, variant: str) -> list[dict]:
     runs = []
     for run_dir in sorted(p for p in (folder / "runs").glob("*") if p.is_dir()):
         summary = run_dir / "summary.json"
+        run = read_json(summary) if summary.is_file() else {"interrupted": True}
         # a stopped run writes its summary too, marked interrupted: its study's command resumes it
-        if not summary.is_file() or read_json(summary)["interrupted"]:
+        if run.get("interrupted"):
             raise ValueError(f"{run_dir}: an unfinished run (finish it with its study's command, or "
                              "delete the folder)")
-        run = read_json(summary) | {"out_dir": str(run_dir)}
+        run |= {"out_dir": str(run_dir)}
         if run["variant"] == variant:
             runs.append(run)
     return runs

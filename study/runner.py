@@ -111,20 +111,35 @@ def check_setting(base, study) -> None:
     if not same_data:
         raise UserError(f"{folder} holds runs trained on other data or tokenizer than --data_path and "
                         f"--tokenizer_path give now; {advice}")
-    if not (folder / "tuning.json").is_file():
-        return
-    # a tuned folder's report is of lrs chosen on its tune seeds: another command would rewrite it
+    if (folder / "tuning.json").is_file():
+        check_choices(folder, study, advice)
+
+
+def check_choices(folder: Path, study, advice: str) -> None:
+    """Refuse a command that would choose the lrs of a folder that chose them (its tuning.json) another
+    way: it would rewrite the report, and could count a tune seed as fresh. A variant the folder tuned takes
+    --tune_lr on the same tune seeds; one whose lr it copied, --lr_from from the same study."""
     if not (study.tune_lr or study.lr_from):
         raise UserError(f"{folder} holds a study that chose its lrs (tuning.json): give its --tune_lr "
                         f"(or --lr_from) again; {advice}")
     for record in read_tuning(folder / "tuning.json"):
+        key = record["variant"], record["depth"]
+        if record["variant"] not in study.variants or record["depth"] not in study.depths:
+            continue
+        source = record.get("lr_from")  # the study the folder copied it from
+        given = study.lr_from[key]["lr_from"] if study.lr_from else None
+        if source and (given is None or Path(source).resolve() != Path(given).resolve()):
+            raise UserError(f"{folder} copied {key[0]} L{key[1]}'s lr from {source}: give --lr_from "
+                            f"{source} again, or use a new --out_dir")
+        if given and not source:
+            raise UserError(f"{folder} chose {key[0]} L{key[1]}'s lr by --tune_lr: give its --tune_lr "
+                            "again, or use a new --out_dir")
         chose_on = record.get("tune_seeds")
-        ours = record["variant"] in study.variants and record["depth"] in study.depths
-        if study.tune_lr and ours and chose_on is not None and chose_on != study.tune_seeds:
+        if study.tune_lr and chose_on is not None and set(chose_on) != set(study.tune_seeds):
             seeds = " ".join(map(str, chose_on))
-            raise UserError(f"{folder} chose {record['variant']} L{record['depth']}'s lr on tune seeds "
-                            f"{seeds}, not {' '.join(map(str, study.tune_seeds))}: give --tune_seeds "
-                            f"{seeds}, or use a new --out_dir")
+            raise UserError(f"{folder} chose {key[0]} L{key[1]}'s lr on tune seeds {seeds}, not "
+                            f"{' '.join(map(str, study.tune_seeds))}: give --tune_seeds {seeds}, or use "
+                            "a new --out_dir")
 
 
 def finished_run(base, study, *run) -> dict | None:
@@ -139,7 +154,8 @@ def finished_run(base, study, *run) -> dict | None:
         raise UserError(f"{out_dir} was trained on {summary['world_size']} data-parallel ranks, this study "
                         f"trains each run on {ranks}: its batches differ; use a new --out_dir, or the same "
                         "--parallel mode and number of ranks")
-    if not (summary["diverged"] or summary["step"] >= base.max_steps):
+    # a run stopped on its last step is resumed: its trainer then writes the whole summary
+    if summary.get("interrupted") or not (summary["diverged"] or summary["step"] >= base.max_steps):
         return None
     if not (out_dir / "metrics.jsonl").is_file():  # the plateau rule and the figures read it
         raise UserError(f"{out_dir} is finished but its metrics.jsonl is missing; restore it, or delete "
@@ -271,10 +287,10 @@ def tune_plan(study, results: dict[Run, dict], point, say) -> Plan:
     return Plan({**grid_runs, **seed_runs}, groups, tuning)
 
 
-def unasked(study, asked: list[Run]) -> int:
-    """How many finished runs the study's folder holds besides those asked for."""
-    names = {run_name(*run) for run in asked}
-    return sum(p.parent.name not in names for p in Path(study.out_dir).glob("runs/*/summary.json"))
+def depths_held(study) -> set[int]:
+    """The depths of the runs in the study's folder (finished or stopped)."""
+    summaries = Path(study.out_dir).glob("runs/*/summary.json")
+    return {read_summary(p)["args"]["num_hidden_layers"] for p in summaries}
 
 
 def train_study(study, base, worker: Worker) -> Plan:
@@ -307,12 +323,12 @@ def train_study(study, base, worker: Worker) -> Plan:
     if study.report_only:
         current = finished_so_far()
         missing = f"--report_only: {len(current.pending)} runs the study asks for are not trained"
-        others = unasked(study, [*results, *current.pending])
-        # none found, others there: a flag of the study's own left out (its --depths, say);
-        # some found: other commands' runs in a folder they share
-        if not results and others:
-            missing += (f"; {study.out_dir} holds {others} finished runs it does not ask for: repeat "
-                        "the study's own --variants, --seeds, --depths and lrs")
+        # the folder's runs all at other depths: its --depths (or --num_hidden_layers) left out;
+        # other variants or seeds may be another command's, in a folder they share
+        held = depths_held(study)
+        if held and not held & set(study.depths):
+            missing += (f"; the runs in {study.out_dir} have {' or '.join(map(str, sorted(held)))} "
+                        "layers: give the study's own --depths")
         print(missing)
         return current
     if worker.world_size > 1 and study.parallel == "runs":

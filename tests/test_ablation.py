@@ -9,6 +9,7 @@ import shutil
 import signal
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -410,12 +411,13 @@ def test_diverged_run_is_recorded_not_fatal_and_each_run_ends_in_one_line(study,
     assert "| pre-none | 2 | 0.001 | 5 |" in table and "![pre-none-L2](grid-pre-none-L2.png)" in table
 
 
+@pytest.mark.parametrize("during", [5, 8])  # a step of the run, or its last
 def test_a_study_stopped_by_a_signal_says_to_run_its_command_again_and_that_command_finishes_it(
-        study, capsys, monkeypatch):
+        study, capsys, monkeypatch, during):
     lr_at = tp.lr_at
 
     def signalled(step, *rest):
-        if step == 4:  # the signal arrives during step 5 of the run
+        if step == during - 1:  # the signal arrives during that step
             os.kill(os.getpid(), signal.SIGTERM)
         return lr_at(step, *rest)
     monkeypatch.setattr(tp, "lr_at", signalled)
@@ -423,14 +425,15 @@ def test_a_study_stopped_by_a_signal_says_to_run_its_command_again_and_that_comm
     out = study(*flags)
     printed = capsys.readouterr().out.strip().splitlines()
     # the run's own line speaks of the study's command, not of the trainer's --resume
-    assert printed[-2].startswith("stopped: step 5/8, ")
+    assert printed[-2].startswith(f"stopped: step {during}/8, ")
     assert printed[-2].endswith("| next: the study's command, run again, continues it")
     assert printed[-1] == "study interrupted; run the same command again to continue where it stopped"
     stopped = json.loads(next(out.glob("runs/*/summary.json")).read_text())
     assert stopped["interrupted"] and stopped["plateaued"] is None
     monkeypatch.setattr(tp, "lr_at", lr_at)
     study(*flags)
-    assert [r["step"] for r in json.loads((out / "results.json").read_text())] == [8]
+    finished = json.loads((out / "results.json").read_text())
+    assert [(r["step"], r["interrupted"], r["plateaued"] is None) for r in finished] == [(8, False, False)]
 
 
 def test_plateau_rule():
@@ -522,6 +525,57 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
     assert (out / "results.md").read_text() == report_before
 
 
+def test_a_baseline_given_is_one_of_the_variants_or_trained_in_the_folder_at_each_depth(tmp_path):
+    out = tmp_path / "study"
+    flags = ["--out_dir", str(out), "--variants", "post-rmsnorm", "--baseline", "pre-rmsnorm",
+             "--tune_lr", "1e-3", "2e-3"]
+    untrained = f"--baseline pre-rmsnorm: not one of --variants, and {out} holds no run of it to compare with"
+    with pytest.raises(UserError, match=f"^{re.escape(untrained)}$"):
+        run_ablation.parse_args(flags)
+    earlier = out / "runs" / runner.run_name("pre-rmsnorm", 8, 6e-3, 100, 0)  # an earlier command's, at L8
+    earlier.mkdir(parents=True)
+    (earlier / "summary.json").write_text("{}")
+    assert run_ablation.parse_args(flags)[0].baseline == "pre-rmsnorm"
+    with pytest.raises(UserError, match=f"^{re.escape(untrained)}$"):  # none at 24 layers
+        run_ablation.parse_args([*flags, "--depths", "8", "24"])
+
+
+def test_a_folder_that_chose_its_lrs_takes_commands_that_choose_them_the_same_way(tmp_path, monkeypatch):
+    source = tmp_path / "source"
+    records = [{"variant": "pre-rmsnorm", "depth": 8, "chosen_lr": 2e-3, "tune_seeds": [0, 1]},
+               {"variant": "post-rmsnorm", "depth": 8, "chosen_lr": 1e-3, "lr_from": str(source)}]
+    (tmp_path / "tuning.json").write_text(json.dumps(records))
+
+    def check(**command) -> str | None:
+        study = SimpleNamespace(**{"variants": ["pre-rmsnorm"], "depths": [8], "tune_lr": [1e-3, 2e-3],
+                                   "tune_seeds": [0, 1], "lr_from": {}} | command)
+        try:
+            runner.check_choices(tmp_path, study, "ADVICE")
+        except UserError as err:
+            return str(err)
+        return None
+    copied = {("post-rmsnorm", 8): {"lr_from": str(source)}}
+    monkeypatch.chdir(tmp_path)
+    assert check() is None
+    assert check(tune_seeds=[1, 0]) is None  # the same seeds, in another order
+    assert check(variants=["pre-layernorm"], tune_seeds=[2, 3]) is None  # a variant it has not tuned
+    assert check(variants=["post-rmsnorm"], tune_lr=None, lr_from=copied) is None
+    assert check(variants=["post-rmsnorm"], tune_lr=None,  # the same study, spelled relative to here
+                 lr_from={("post-rmsnorm", 8): {"lr_from": "source"}}) is None
+    assert check(depths=[24], tune_seeds=[2, 3]) is None  # chosen at another depth
+    assert check(tune_lr=None) == (f"{tmp_path} holds a study that chose its lrs (tuning.json): give its "
+                                   "--tune_lr (or --lr_from) again; ADVICE")
+    assert check(tune_seeds=[1, 2]) == (f"{tmp_path} chose pre-rmsnorm L8's lr on tune seeds 0 1, not 1 2: "
+                                        "give --tune_seeds 0 1, or use a new --out_dir")
+    assert check(variants=["post-rmsnorm"]) == (f"{tmp_path} copied post-rmsnorm L8's lr from {source}: give "
+                                                f"--lr_from {source} again, or use a new --out_dir")
+    assert check(variants=["post-rmsnorm"], tune_lr=None, lr_from={("post-rmsnorm", 8): {
+        "lr_from": "elsewhere"}}).startswith(f"{tmp_path} copied post-rmsnorm L8's lr from {source}")
+    assert check(tune_lr=None, lr_from={("pre-rmsnorm", 8): {"lr_from": str(source)}}) == (
+        f"{tmp_path} chose pre-rmsnorm L8's lr by --tune_lr: give its --tune_lr again, or use a new "
+        "--out_dir")
+
+
 def test_study_cost_counts_modified_trees_apart_from_runs_that_recorded_no_commit(tmp_path):
     answers = {"clean": {"git_dirty": False}, "modified": {"git_dirty": True}, "older": None}
     for name, environment in answers.items():
@@ -581,19 +635,15 @@ def test_a_variant_that_trains_at_no_lr_grows_its_grid_both_ways_and_trains_no_o
     assert list(plan.pending) == [("pre-rmsnorm", 8, 2e-3, study.warmup_steps[0], 2)] and not plan.groups
     told = capsys.readouterr().out.splitlines()[-1]
     assert told == "--report_only: 1 runs the study asks for are not trained"
-    # a run the command does not name: another command's, in a folder they share, is no slip...
-    stray = tmp_path / "runs" / runner.run_name("pre-rmsnorm", 1, 2e-3, study.warmup_steps[0], 0)
-    stray.mkdir(parents=True)
-    (stray / "summary.json").write_text("{}")
-    runner.train_study(study, base, Worker())
-    assert capsys.readouterr().out.splitlines()[-1] == told
-    # ...but beside none of the command's own, it is the likely one: a flag of the study's left out
-    monkeypatch.setattr(runner, "finished_run", lambda *run: None)
-    runner.train_study(study, base, Worker())
-    assert capsys.readouterr().out.splitlines()[-1].endswith(
-        f"are not trained; {tmp_path} holds 1 finished runs it does not ask for: repeat the study's own "
-        "--variants, --seeds, --depths and lrs")
-    shutil.rmtree(stray.parent)
+    # a folder whose runs are all of other depths: the study's --depths left out
+    other_depths = f"; the runs in {tmp_path} have 1 layers: give the study's own --depths"
+    for depth, hint in ((8, ""), (1, other_depths)):
+        stray = tmp_path / "runs" / runner.run_name("peri-rmsnorm", depth, 2e-3, study.warmup_steps[0], 0)
+        stray.mkdir(parents=True)
+        (stray / "summary.json").write_text(json.dumps({"args": {"num_hidden_layers": depth}}))
+        runner.train_study(study, base, Worker())
+        assert capsys.readouterr().out.splitlines()[-1] == told + hint
+        shutil.rmtree(stray.parent)
     # no variant has all its seeds: the report gives the lr choices, and says so of the seeds
     report.report(study, plan.groups, plan.tuning)
     assert [t["chosen_lr"] for t in json.loads((tmp_path / "tuning.json").read_text())] == [2e-3, None]
