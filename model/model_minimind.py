@@ -269,13 +269,13 @@ def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str,
     adding = norms_added(c)
     if adding and c.norm_type == "none":
         return f"{name(adding[0])} adds norms, but {name('norm_type')} is none"
-    if c.norm_gain != "w" and not NORM_TYPES[c.norm_type].gain:
-        return (f"{name('norm_gain')} {c.norm_gain} needs a gain, "
-                f"which {name('norm_type')} {c.norm_type} has not")
     # a switch that changes nothing would name another variant for the same model
     if training and c.norm_gain != "w" and c.norm_position == "rezero" and not adding:
         return (f"{name('norm_gain')} {c.norm_gain} needs a norm's gain, "
                 f"and {name('norm_position')} rezero has no norms")
+    if c.norm_gain != "w" and not NORM_TYPES[c.norm_type].gain:
+        return (f"{name('norm_gain')} {c.norm_gain} needs a gain, "
+                f"which {name('norm_type')} {c.norm_type} has not")
     # a placement that only places norms builds Pre-Norm's model when there are none:
     # refused, so that no study trains (and labels) the same model twice
     if (training and c.norm_type == "none" and c.norm_position != "pre"

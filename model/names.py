@@ -105,7 +105,7 @@ def variant_fields(name: str) -> dict:
     # "pre" alone would be pre-none, a model without a norm;
     # ReZero has norms to name a type for only where its tokens add them
     if "-" not in name and (position != "rezero" or norms_added(with_implied(fields))):
-        none = f" ({name}-none has no norms)" if position != "rezero" else ""
+        none = f" ({name}-none has no norms)" if not variant_problem(f"{name}-none") else ""
         raise ValueError(f"variant {name!r} names no norm type; name one: {name}-rmsnorm, "
                          f"{name}-layernorm, ...{none}")
     return fields

@@ -9,6 +9,7 @@ from common.cli import UserError
 from model import PRESETS, SWITCHES, MiniMindConfig, norm_variant, variant_fields, variant_problem
 from study.variants import VARIANTS
 from trainer.args import BOOKKEEPING, MUST_MATCH, build_parser, final_lr, parse_args
+from trainer.runtime import setup_distributed
 
 # Every flag the trainer accepts. A flag added or removed fails this test on purpose: a new flag is a new
 # promise to users (and to the runs they resume), so it is added here by hand, with its role in args.py.
@@ -100,6 +101,11 @@ def test_a_bad_value_is_argparses_one_line(flags, message):
     # a name's own mistakes in its own words, not those of flags never typed
     (["--variant", "rezero+qk_head"], "--variant 'rezero+qk_head' names no norm type; name one: "
      "rezero+qk_head-rmsnorm, rezero+qk_head-layernorm, ..."),
+    # post-none is refused (Pre-Norm's model again): not offered
+    (["--variant", "post"], "--variant 'post' names no norm type; name one: post-rmsnorm, post-layernorm, "
+     "..."),
+    (["--variant", "rezero+one_plus_w"], "--variant 'rezero+one_plus_w' makes no model (norm_gain one_plus_w "
+     "needs a norm's gain, and norm_position rezero has no norms)"),
     (["--variant", "mix0.5.5-rmsnorm"], "--variant 'mix0.5.5-rmsnorm': '0.5.5' is not a number"),
     (["--variant", "pre+softcap-1-rmsnorm"], "--variant 'pre+softcap-1-rmsnorm' makes no model "
      "(logit_softcap must be a finite number >= 0, got -1.0)"),
@@ -141,6 +147,18 @@ def test_a_device_the_code_cannot_use_is_one_line(monkeypatch, device, message):
     with pytest.raises(UserError) as err:
         parse_args(["--device", device])
     assert str(err.value) == message
+
+
+def test_more_ranks_on_a_node_than_gpus_is_one_line(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # torchrun --nproc_per_node 2, one GPU
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(UserError) as err:
+        setup_distributed("cuda", timeout_min=1)
+    assert str(err.value) == ("2 ranks on this node but 1 GPUs: start torchrun with --nproc_per_node at most "
+                              "the number of GPUs")
 
 
 def test_the_flags_are_resolved_once_and_read_only():

@@ -29,10 +29,9 @@ def pick_device(name: str = "auto") -> torch.device:
         raise UserError(f"--device {name}: runs on cpu or cuda only")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {name}: CUDA is not available here; use --device cpu")
-    gpus = torch.cuda.device_count()
-    if device.type == "cuda" and (device.index or 0) >= gpus:
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise UserError(f"--device {name}: no such GPU here "
-                        f"(the last is cuda:{gpus - 1})")
+                        f"(the last is cuda:{torch.cuda.device_count() - 1})")
     return device
 
 
@@ -63,6 +62,11 @@ def setup_distributed(device_name: str,
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1 and device.type == "cuda":
         device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
+        if device.index >= torch.cuda.device_count():
+            ranks = os.environ.get("LOCAL_WORLD_SIZE", world_size)
+            raise UserError(f"{ranks} ranks on this node but "
+                            f"{torch.cuda.device_count()} GPUs: start torchrun with "
+                            "--nproc_per_node at most the number of GPUs")
     if device.type == "cuda" and device.index is not None:
         # else CUDA calls without a device (RNG state, pinning) open one on GPU 0
         torch.cuda.set_device(device)
