@@ -43,7 +43,10 @@ def markdown_table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def outcomes(runs: list[dict]) -> list[str]:
-    """The diverged and the plateaued cells: how many of the runs did."""
+    """The diverged and the plateaued cells: how many of the runs did (— with none: a grid's failures are
+    in its own column)."""
+    if not runs:
+        return ["—", "—"]
     return [f"{sum(r[key] for r in runs)}/{len(runs)}" for key in ("diverged", "plateaued")]
 
 
@@ -154,6 +157,13 @@ def read_tuning(path: Path) -> list[dict]:
     return records
 
 
+def none_finished(tuning: list[dict] | None) -> str:
+    """What the report says where no group has finished: a tuned study may have no lr to train at."""
+    if tuning and all(t["chosen_lr"] is None for t in tuning):
+        return "none: no lr of any grid trained on its tune seeds"
+    return "none finished yet"
+
+
 def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = None) -> None:
     """Write the study folder's report of the finished groups (and, with --tune_lr, every choice made), added
     to what an earlier command (other variants, lrs or seeds) reported there, and print its tables."""
@@ -190,7 +200,7 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
     plot_layer_profiles({f"{label(*k)} (seed {groups[k][0]['seed']})": m[0] for k, m in metrics.items()
                          if any(r["split"] == "train" for r in m[0])}, out / "layers.png")
     text = ["# Normalization ablation", "", describe(environment()) + " Each run's is in results.json.", "",
-            f"Seeds: {seeds or 'none finished yet'}. Values are mean ± SD over seeds of "
+            f"Seeds: {seeds or none_finished(tuning)}. Values are mean ± SD over seeds of "
             "the final validation loss; a diverged or plateaued run (docs/training.md) is counted in its "
             "column, not averaged. A run plateaued when its final validation loss is within "
             f"{evaluation.PLATEAU_MARGIN} nats of a unigram model's{unigram_loss} or no lower than "
