@@ -84,8 +84,9 @@ def local_splits(data_path: str) -> dict[str, list[Path]]:
         raise UserError(f"the data path is empty; {HINT}")
     if not path.exists():
         raise UserError(f"{data_path}: no such file or folder; {HINT}")
-    if not path.is_dir():
-        splits = {"train": [path]}
+    if not path.is_dir():  # validation.jsonl alone: evaluation text, read whole
+        named = split_named(Path(path.name))
+        splits = {"validation" if named == "validation" else "train": [path]}
     elif any(path.rglob("*.arrow")):  # a Dataset's, or a DatasetDict's in split folders
         raise UserError(f"{data_path}: a dataset saved by datasets' save_to_disk, "
                         "which this does not read; write it out with "
@@ -104,9 +105,16 @@ def local_splits(data_path: str) -> dict[str, list[Path]]:
         splits = {split: files for split, files in splits.items()
                   if files and split != "test"}
     files = [f for split_files in splits.values() for f in split_files]
-    if not files or len({BUILDERS.get(f.suffix) for f in files} - {None}) != 1:
-        raise UserError(f"{data_path}: not .jsonl, .json, .txt or .parquet data "
-                        f"of one kind; {HINT}")
+    if not path.is_dir() and path.suffix not in BUILDERS:
+        raise UserError(f"{data_path}: not .jsonl, .json, .txt or .parquet data; {HINT}")
+    if not files:
+        raise UserError(f"{data_path}: holds no .jsonl, .json, .txt or .parquet files; "
+                        f"{HINT}")
+    kinds = {BUILDERS[f.suffix]: f.name for f in reversed(files)}  # a file of each kind
+    if len(kinds) > 1:
+        named = ", ".join(sorted(kinds.values()))
+        raise UserError(f"{data_path}: holds data of several kinds ({named}); "
+                        "keep one kind in a folder")
     # checked here: datasets fails on an empty file in its own ways
     empty = [split for split, split_files in splits.items()
              if not any(map(_has_content, split_files))]
@@ -219,7 +227,8 @@ def _first_fields(path: Path, whole: bool | None = None) -> str | None:
     """The fields of a JSON file's first record, the file read as JSON lines
     or as one document (an array; a .json file whose first line is not JSON:
     one object, indented); a UserError naming file and line where it is malformed."""
-    with path.open(encoding="utf-8", errors="replace") as f:
+    # utf-8-sig: a leading byte-order mark (Notepad's) is no part of the first record
+    with path.open(encoding="utf-8-sig", errors="replace") as f:
         if whole is None:
             whole = f.read(1) == "["
             f.seek(0)
@@ -297,7 +306,9 @@ def _open(data_path: str | None, split: str, streaming: bool):
     if files is None:  # a folder of validation files: evaluated, not trained on
         raise UserError(f"{data_path}: holds validation files but no others to train on")
     builder = BUILDERS[files[0].suffix]
-    options = {"sample_by": "paragraph"} if builder == "text" else {}
+    # a .txt file's documents end at an empty line; a leading byte-order mark is dropped
+    options = ({"sample_by": "paragraph", "encoding": "utf-8-sig"} if builder == "text"
+               else {})
     with reading(data_path):
         return datasets.load_dataset(builder, data_files=[str(f) for f in files],
                                      split="train", streaming=streaming, **options), holdout
@@ -348,7 +359,8 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text",
                 input_columns="text", with_indices=True, batched=True)
             # only train can be empty: document 0 always goes to validation
             if next(iter(ds), None) is None:
-                hint = (" (a .txt file's documents are separated by blank lines)"
+                hint = (" (a .txt file's documents are separated by empty lines; "
+                        "a line of spaces does not separate them)"
                         if where.endswith(".txt") else "")
                 raise UserError(f"{where}: has a single document; "
                                 f"it needs 2 or more to hold one out{hint}")

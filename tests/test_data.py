@@ -257,7 +257,10 @@ BAD_SOURCES = {  # file name, its content, the one-line error
     "latin1.txt": ("fine\n\ncaf\u00e9\n".encode("latin-1"), "{path}:3: not UTF-8 text \\(byte 0xe9\\)"),
     "cut.parquet": (b"PAR1 a download stopped short", "{path}: not a readable parquet file"),
     "lines.txt": ("one document\na line each\n", "{path}: has a single document; it needs 2 or more to "
-                  "hold one out \\(a .txt file's documents are separated by blank lines\\)$"),
+                  "hold one out \\(a .txt file's documents are separated by empty lines; a line of spaces "
+                  "does not separate them\\)$"),
+    # Notepad's byte-order mark: the error still names the malformed line
+    "bom.jsonl": ('\ufeff{"text": "a"}\n{"text": oops}\n', "{path}:2: malformed JSON"),
     "bad.jsonl": ('{"text": "a"}\n{"text": "b"}\n{"text": oops}\n{"text": 1}\n', "{path}:3: malformed JSON"),
     "bad.json": ('[{"text": "a"},\n {"text": b}]\n', "{path}:2: malformed JSON"),
     "trailing.json": ('[\n {"text": "a"}\n]\n]\n', "{path}:4: malformed JSON \\(Extra data\\)"),
@@ -353,11 +356,37 @@ def test_a_data_path_that_is_no_source_is_refused(tmp_path, monkeypatch, name, m
         load_texts(name, "train")
 
 
-def test_a_folder_mixing_kinds_is_refused(tmp_path):
-    write_jsonl(tmp_path / "a.jsonl", [{"text": "a"}])
-    (tmp_path / "b.txt").write_text("b")
-    with pytest.raises(UserError, match="not .jsonl, .json, .txt or .parquet data of one kind"):
+def test_a_folder_mixing_kinds_or_holding_none_is_refused_naming_what_it_found(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / ".hidden.jsonl").write_text('{"text": "a"}\n')
+    nothing = f"{tmp_path}: holds no .jsonl, .json, .txt or .parquet files"
+    with pytest.raises(UserError, match=re.escape(nothing)):
         load_texts(str(tmp_path), "train")
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "a"}])
+    write_jsonl(tmp_path / "b.json", [{"text": "b"}])  # JSON both
+    (tmp_path / "LICENSE.txt").write_text("b")
+    (tmp_path / "z.txt").write_text("z")
+    message = f"{tmp_path}: holds data of several kinds (LICENSE.txt, a.jsonl); keep one kind in a folder"
+    with pytest.raises(UserError, match="^" + re.escape(message) + "$"):
+        load_texts(str(tmp_path), "train")
+
+
+def test_a_lone_validation_file_is_read_whole_and_not_trained_on(tmp_path):
+    """eval_llm.py --eval_data validation.jsonl scores every document, not every 100th."""
+    path = tmp_path / "validation.jsonl"
+    write_jsonl(path, [{"text": f"document {i}"} for i in range(250)])
+    assert len(load_texts(str(path), "validation")) == 250
+    with pytest.raises(UserError, match="holds validation files but no others to train on"):
+        load_texts(str(path), "train")
+    train = tmp_path / "train.jsonl"  # a file of no split's name is training text, validation held out of it
+    shutil.copy(path, train)
+    assert len(load_texts(str(train), "validation")) == 3
+
+
+def test_a_txt_files_byte_order_mark_is_no_part_of_its_text(tmp_path):
+    path = tmp_path / "notepad.txt"
+    path.write_bytes("\ufefffirst\r\n\r\nsecond\r\n".encode())
+    assert load_texts(str(path), "validation")[0]["text"] == "first"
 
 
 @pytest.mark.parametrize("offline", [False, True], ids=["online", "HF_HUB_OFFLINE=1"])
