@@ -48,6 +48,7 @@ from common.cli import (
     positive_int,
     probability,
     run_cli,
+    user_path,
 )
 from data import (
     DEFAULT_PROMPTS,
@@ -333,10 +334,10 @@ def format_metrics_table(results: list[Result]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description=__doc__)
-    p.add_argument("--model_path",
+    p.add_argument("--model_path", type=user_path,
                    help="the trainer's --out_dir, a step folder, "
                         "or any AutoModelForCausalLM folder (e.g. a Llama export)")
-    p.add_argument("--tokenizer_path",
+    p.add_argument("--tokenizer_path", type=user_path,
                    help="tokenizer folder (default: the model folder's own)")
     p.add_argument("--device", default="auto",
                    help="auto (cuda if available, with bf16 autocast, or fp16 where the GPU "
@@ -371,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "(slower, the same tokens: a check of the cache)")
     ev = p.add_argument_group("held-out evaluation")
     ev.add_argument("--eval_data", nargs="?", const="default", metavar="PATH|default",
+                    type=user_path,
                     help="loss, perplexity and bits per byte on the validation split "
                          "of this corpus: its own, "
                          "else documents 0, 100, 200, ..., "
@@ -384,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
                          f"(default: min({DEFAULT_SEQ_LEN}, the model's context))")
     ev.add_argument("--eval_batches", type=positive_int,
                     help="evaluate this many batches (default: all)")
-    p.add_argument("--compare", nargs="+", metavar="DIR",
+    p.add_argument("--compare", nargs="+", metavar="DIR", type=user_path,
                    help="also these model folders, with the same prompts and seed, "
                         "side by side (one that cannot be loaded, or whose context is too short "
                         "for a prompt or --seq_len, is named and left out)")

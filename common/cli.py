@@ -4,6 +4,7 @@ argparse types that check values, one way to report a problem in one line."""
 import argparse
 import errno
 import math
+import os
 import sys
 from collections.abc import Callable
 
@@ -33,6 +34,12 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
 
 # argparse types: a value they refuse is argparse's one line,
 # "invalid positive_int value: '0'".
+def user_path(text: str) -> str:
+    """A path with ~ expanded: the shell leaves --out_dir=~/run as typed,
+    and a folder named ~ in the working directory is a trap."""
+    return os.path.expanduser(text)
+
+
 def positive_int(text: str) -> int:
     if (value := int(text)) < 1:
         raise ValueError(text)

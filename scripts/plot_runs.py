@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.cli import ArgumentParser, UserError, run_cli
+from common.cli import ArgumentParser, UserError, run_cli, user_path
 from study.plots import plot_loss_curves
 from trainer.checkpoint import run_folder
 from trainer.tracking import read_metrics
@@ -32,7 +32,7 @@ def label(run: Path, name: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = ArgumentParser(description=__doc__)
-    p.add_argument("runs", nargs="+", metavar="DIR",
+    p.add_argument("runs", nargs="+", metavar="DIR", type=user_path,
                    help="run folders (the trainer's --out_dir) or step folders in them")
     p.add_argument("--out", default="loss_curves.png",
                    help="where the PNG goes (default: loss_curves.png)")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.cli import ArgumentParser, UserError, count, positive_float, positive_int, run_cli
+from common.cli import ArgumentParser, UserError, count, positive_float, positive_int, run_cli, user_path
 from model.model_minimind import with_implied
 from model.names import norm_variant
 from study.parallel import Worker
@@ -71,7 +71,8 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     p.add_argument("--report_only", action="store_true", help="report the finished runs, train nothing")
     p.add_argument("--baseline", help="with --tune_lr: the variant each is compared with, one of --variants "
                    "or trained in --out_dir by an earlier command (default: pre-rmsnorm)")
-    p.add_argument("--out_dir", default="out/ablation", help="study folder: runs/, figures, results.md")
+    p.add_argument("--out_dir", default="out/ablation", type=user_path,
+                   help="study folder: runs/, figures, results.md")
     p.add_argument("--parallel", choices=("runs", "data"), default="runs", help="under torchrun: each rank "
                    "trains whole runs side by side (runs), or every run in turn across all ranks (data)")
     own, rest = p.parse_known_args(argv)

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from common.cli import ArgumentParser, UserError, positive_int, run_cli
+from common.cli import ArgumentParser, UserError, positive_int, run_cli, user_path
 from common.fs import replaced
 from data.corpus import load_texts, reading
 
@@ -44,13 +44,13 @@ def train_tokenizer(data_path: str | None = None, text_field: str = "text", voca
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__)
-    parser.add_argument("--data_path", default=None, help="text source: a .jsonl/.json/.txt/.parquet file or "
-                        "folder, a Hub dataset 'owner/name[:config[:split]]', or nothing for the embedded "
-                        "Shakespeare corpus")
+    parser.add_argument("--data_path", default=None, type=user_path,
+                        help="text source: a .jsonl/.json/.txt/.parquet file or folder, a Hub dataset "
+                        "'owner/name[:config[:split]]', or nothing for the embedded Shakespeare corpus")
     parser.add_argument("--text_field", default="text", help="column or JSON field holding the text")
     parser.add_argument("--vocab_size", type=positive_int, default=6400,
                         help="tokens in the vocabulary, special tokens included")
-    parser.add_argument("--out_dir", default="out/tokenizer",
+    parser.add_argument("--out_dir", default="out/tokenizer", type=user_path,
                         help="directory to save tokenizer.json and tokenizer_config.json in")
     parser.add_argument("--overwrite", action="store_true",
                         help=f"replace an --out_dir that holds {' and '.join(SAVED_FILES)} only (what this "

@@ -149,6 +149,22 @@ def test_a_device_the_code_cannot_use_is_one_line(monkeypatch, device, message):
     assert str(err.value) == message
 
 
+def test_a_path_flag_given_with_an_equals_sign_expands_its_tilde(monkeypatch, tmp_path):
+    """The shell expands --out_dir ~/run but not --out_dir=~/run: a folder named ~ would appear here."""
+    import eval_llm
+    from scripts import run_ablation
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    run = parse_args(["--device", "cpu", "--out_dir=~/run", "--tokenizer_path=~/tok",
+                      "--data_path=~/d.jsonl"])
+    assert (run.out_dir, run.tokenizer_path, run.data_path) == tuple(
+        str(tmp_path / name) for name in ("run", "tok", "d.jsonl"))
+    sampled = eval_llm.parse_args(["--model_path=~/run", "--compare", "~/a", "--eval_data=~/v.jsonl"])
+    assert (sampled.model_path, sampled.compare, sampled.eval_data) == (
+        str(tmp_path / "run"), [str(tmp_path / "a")], str(tmp_path / "v.jsonl"))
+    assert run_ablation.parse_args(["--out_dir=~/study"])[0].out_dir == str(tmp_path / "study")
+
+
 def test_more_ranks_on_a_node_than_gpus_is_one_line(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # torchrun --nproc_per_node 2, one GPU
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)

@@ -11,6 +11,7 @@ from common.cli import (
     finite_float,
     non_negative,
     positive_int,
+    user_path,
 )
 from model import PRESETS, SWITCHES, variant_fields, variant_problem
 from model.model_minimind import config_problem, with_implied
@@ -62,13 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description="Pretrain a MiniMind decoder "
                                    "(default: on Shakespeare's plays, embedded).")
     data = p.add_argument_group("data")
-    data.add_argument("--data_path",
+    data.add_argument("--data_path", type=user_path,
                       help="omit for the embedded plays; "
                            "a .jsonl/.txt/.parquet file or folder; "
                            "or a Hugging Face dataset such as roneneldan/TinyStories")
     data.add_argument("--text_field", default="text",
                       help="the column that holds the text")
-    data.add_argument("--tokenizer_path",
+    data.add_argument("--tokenizer_path", type=user_path,
                       help="tokenizer folder (default: the shipped data/tokenizer)")
     data.add_argument("--streaming", action="store_true",
                       help="stream the corpus while tokenizing it")
@@ -132,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="clip the gradient norm (0 = off)")
 
     run = p.add_argument_group("run")
-    run.add_argument("--out_dir", default="out/pretrain",
+    run.add_argument("--out_dir", default="out/pretrain", type=user_path,
                      help="checkpoints and metrics go here")
     run.add_argument("--device", default="auto",
                      help="auto (cuda if available, else cpu), cpu, cuda, cuda:1")
