@@ -37,7 +37,7 @@ LR_FROM_400 = ("budget/adamw-760", "budget/adamw-1600")
 
 def verdict_cell(row: dict) -> str:
     if row.get("not_run"):
-        return "not run yet"
+        return "lr not chosen yet" if row.get("tuning") else "not run yet"
     if row["verdict"] == "interim":
         return f"interim ({row['seeds']} of {row['planned']} seeds)"
     return "—" if row["verdict"] is None else f"**{row['verdict']}**"

@@ -154,13 +154,14 @@ def runs_of(folder: Path, variant: str) -> list[dict]:
 
 def side(folder: Path, variant: str) -> Side:
     """The runs of a variant at the lr its folder chose (every run of it where the folder chose none,
-    or trained it at one lr); none while runs at several lrs wait for a choice (no tuning.json yet).
-    A claim's folder holds one depth."""
+    or trained it at one lr); none while its lr grid waits for a choice (runs at several lrs, or in a
+    folder whose tuning.json has no record of it yet). A claim's folder holds one depth."""
     tuning = folder / "tuning.json"
     records = read_json(tuning) if tuning.is_file() else []
     record = next((t for t in records if t["variant"] == variant), None)
     runs = runs_of(folder, variant)
-    if record is None and len({r["args"]["learning_rate"] for r in runs}) > 1:
+    grid = tuning.is_file() or len({r["args"]["learning_rate"] for r in runs}) > 1
+    if record is None and grid:
         return Side(None, [])  # an lr grid still tuning: which lr counts is not decided
     if record is not None and record["chosen_lr"] is not None:
         runs = [r for r in runs if r["args"]["learning_rate"] == record["chosen_lr"]]
@@ -303,10 +304,11 @@ def change(claim: dict, results: Path = RESULTS) -> dict:
             "variant_failed": variant_failed, "baseline_failed": baseline_failed}
 
 
-def not_run(claim: dict) -> dict:
-    """The row of a claim whose primary folder holds no runs yet."""
+def not_run(claim: dict, tuning: bool = False) -> dict:
+    """The row of a claim whose primary folder holds no runs yet, or (tuning) only its variant's lr
+    grid, still choosing."""
     return {**claim, "folder": claim["primary"], "primary": True, "not_run": True, "val": Stats(0, None),
-            "train": Stats(0, None), "seeds": 0, "failed": 0}
+            "train": Stats(0, None), "seeds": 0, "failed": 0, "tuning": tuning}
 
 
 def compute_all(results: Path = RESULTS, claims: list[dict] | None = None) -> list[dict]:
@@ -320,8 +322,9 @@ def compute_all(results: Path = RESULTS, claims: list[dict] | None = None) -> li
             rows.append(row if row["val"].n else not_run(claim | {"primary": row["folder"]}))
             continue
         computed = [compute(claim, folder, results) for folder in claim["folders"]]
-        if computed[0] is None:  # its primary folder, listed first, holds no runs yet
-            computed[0] = not_run(claim)
+        if computed[0] is None:  # its primary folder, listed first, holds no runs yet, or a grid's
+            primary = results / claim["primary"]
+            computed[0] = not_run(claim, primary.is_dir() and bool(runs_of(primary, claim["variant"])))
         rows += [row for row in computed if row is not None]
     for row in rows:
         row["interim"] = row["primary"] and row["seeds"] < row.get("planned", 0)

@@ -122,6 +122,20 @@ def test_a_claim_is_interim_until_its_planned_seeds_are_in_and_holm_leaves_it_ou
     assert write_claims.verdict_cell(rows(planned=8)[0]) == "interim (5 of 8 seeds)"
 
 
+def test_a_variant_whose_lr_grid_is_still_choosing_has_no_row_whatever_its_grid_holds(tmp_path):
+    """A tuned folder (its tuning.json) where a variant's grid has no choice yet: no run of it counts, with
+    one grid point in as with two, and the claim says its lr is not chosen yet, not that nothing ran."""
+    folder = tmp_path / "results" / "tuned"
+    study(folder, GAPS)
+    claim = post_claim(folder) | {"variant": "pre-none", "planned": 6}
+    cells = [write_claims.verdict_cell(claims.compute_all(tmp_path / "results", [claim])[0])]
+    for lr in (1e-3, 2e-3):  # the grid's points land, seeds 0 and 1 each
+        for seed in (0, 1):
+            write_run(folder, "pre-none", seed, 5.0, lr=lr)
+        cells.append(write_claims.verdict_cell(claims.compute_all(tmp_path / "results", [claim])[0]))
+    assert cells == ["not run yet", "lr not chosen yet", "lr not chosen yet"]
+
+
 def test_each_planned_n_is_the_power_tables_where_a_pilot_gives_one():
     all_claims = json.loads(claims.CLAIMS.read_text())
     table = {row[0]: int(row[6]) for row in write_claims.power_rows(all_claims, {8: 1.0, 24: 1.0})}
