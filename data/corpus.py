@@ -242,6 +242,10 @@ def _first_fields(path: Path, whole: bool | None = None) -> str | None:
                     return _first_fields(path, whole=True)
                 raise UserError(f"{path}:{number + e.lineno - 1}: "
                                 f"malformed JSON ({e.msg})") from None
+            # e.g. a bare string: datasets' error names neither file nor line
+            if not whole and record is not None and not isinstance(record, dict):
+                raise UserError(f"{path}:{number}: not a JSON object "
+                                '(each line holds one record, {"text": ...})')
             if isinstance(record, list) and record:
                 record = record[0]
             if fields is None and isinstance(record, dict):

@@ -266,6 +266,8 @@ BAD_SOURCES = {  # file name, its content, the one-line error
     "trailing.json": ('[\n {"text": "a"}\n]\n]\n', "{path}:4: malformed JSON \\(Extra data\\)"),
     "unfinished.jsonl": ('{"text": "a"}\n{"text": "b"}\n{"text": \n{"text": "d"}\n',
                          "{path}:3: malformed JSON"),  # not the next line
+    "string.jsonl": ('{"text": "a"}\n"just a string"\n', "{path}:2: not a JSON object \\(each line holds one "
+                     "record"),
     "numbers.jsonl": ('{"text": 1}\n{"text": 2}\n', "{path}: 'text' holds int values, not text"),
     "blanks.jsonl": ('{"text": ""}\n{"text": null}\n', "{path}: has no text"),
     "one.jsonl": ('{"text": "alone"}\n', "{path}: has a single document"),
