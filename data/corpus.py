@@ -204,9 +204,9 @@ def reading(data_path: str | None):
                 or is_hub(data_path)):
             raise
         files = local_files(data_path)
-        kinds = {}  # the fields of each file's first record -> the first file with them
-        for path in (f for f in files if BUILDERS[f.suffix] == "json"):
-            if (fields := _first_fields(path)) is not None:
+        kinds = {}  # the fields of each file's records -> the first file with them
+        for path in files:
+            if (fields := _fields(path)) is not None:
                 kinds.setdefault(fields, path.name)
         # datasets reads a folder as one table: files of other fields do not cast
         if len(kinds) > 1:
@@ -221,6 +221,17 @@ def reading(data_path: str | None):
     finally:
         for log, level in zip(logs, levels, strict=True):
             log.setLevel(level)
+
+
+def _fields(path: Path) -> str | None:
+    """The fields of a data file's records: a JSON file's first record's, a parquet
+    file's columns; None for text, or a parquet file that cannot be read (named next)."""
+    if BUILDERS[path.suffix] == "json":
+        return _first_fields(path)
+    if path.suffix == ".parquet":
+        with contextlib.suppress(pa.ArrowException):
+            return ", ".join(pq.read_schema(path).names)
+    return None
 
 
 def _first_fields(path: Path, whole: bool | None = None) -> str | None:

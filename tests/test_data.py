@@ -287,11 +287,17 @@ def test_a_bad_source_is_one_line(tmp_path, name, streaming):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
 @pytest.mark.parametrize("streaming", [False, True])
-def test_a_folder_of_files_with_different_fields_names_two_of_them(tmp_path, streaming):
-    write_jsonl(tmp_path / "a.jsonl", [{"text": f"a{i}"} for i in range(20)])
-    write_jsonl(tmp_path / "b.jsonl", [{"content": f"b{i}", "id": i} for i in range(20)])
-    message = f"{tmp_path}: its files hold different fields (a.jsonl: text; b.jsonl: content, id); "
+def test_a_folder_of_files_with_different_fields_names_two_of_them(tmp_path, streaming, kind):
+    records = {"a": [{"text": f"a{i}"} for i in range(20)],
+               "b": [{"content": f"b{i}", "id": i} for i in range(20)]}
+    for name, rows in records.items():
+        if kind == "jsonl":
+            write_jsonl(tmp_path / f"{name}.jsonl", rows)
+        else:
+            pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"{name}.parquet")
+    message = f"{tmp_path}: its files hold different fields (a.{kind}: text; b.{kind}: content, id); "
     with pytest.raises(UserError, match="^" + re.escape(message)):
         list(load_texts(str(tmp_path), "train", streaming=streaming))
 
