@@ -84,9 +84,8 @@ def local_splits(data_path: str) -> dict[str, list[Path]]:
         raise UserError(f"the data path is empty; {HINT}")
     if not path.exists():
         raise UserError(f"{data_path}: no such file or folder; {HINT}")
-    if not path.is_dir():  # validation.jsonl alone: evaluation text, read whole
-        named = split_named(Path(path.name))
-        splits = {"validation" if named == "validation" else "train": [path]}
+    if not path.is_dir():
+        splits = {"train": [path]}
     elif any(path.rglob("*.arrow")):  # a Dataset's, or a DatasetDict's in split folders
         raise UserError(f"{data_path}: a dataset saved by datasets' save_to_disk, "
                         "which this does not read; write it out with "
@@ -108,8 +107,8 @@ def local_splits(data_path: str) -> dict[str, list[Path]]:
     if not path.is_dir() and path.suffix not in BUILDERS:
         raise UserError(f"{data_path}: not .jsonl, .json, .txt or .parquet data; {HINT}")
     if not files:
-        raise UserError(f"{data_path}: holds no .jsonl, .json, .txt or .parquet files; "
-                        f"{HINT}")
+        raise UserError(f"{data_path}: holds no .jsonl, .json, .txt or .parquet files "
+                        f"(hidden files and folders are not read); {HINT}")
     kinds = {BUILDERS[f.suffix]: f.name for f in reversed(files)}  # a file of each kind
     if len(kinds) > 1:
         named = ", ".join(sorted(kinds.values()))
@@ -204,18 +203,19 @@ def reading(data_path: str | None):
                 or is_hub(data_path)):
             raise
         files = local_files(data_path)
-        kinds = {}  # the fields of each file's records -> the first file with them
+        for path in files:  # a file cut short, or not UTF-8, named first
+            _name_unreadable(path)
+        # a file's set of fields -> the first file with them, and their order there
+        kinds = {}
         for path in files:
             if (fields := _fields(path)) is not None:
-                kinds.setdefault(fields, path.name)
+                kinds.setdefault(frozenset(fields), (path.name, ", ".join(fields)))
         # datasets reads a folder as one table: files of other fields do not cast
         if len(kinds) > 1:
-            (fields, file), (other_fields, other_file) = list(kinds.items())[:2]
+            (file, fields), (other_file, other_fields) = list(kinds.values())[:2]
             raise UserError(f"{data_path}: its files hold different fields "
                             f"({file}: {fields}; {other_file}: {other_fields}); "
                             "keep one kind of record in a folder") from None
-        for path in files:
-            _name_unreadable(path)
         raise UserError(f"{data_path}: cannot read it "
                         f"({first_line(err.__cause__ or err)})") from None
     finally:
@@ -223,25 +223,24 @@ def reading(data_path: str | None):
             log.setLevel(level)
 
 
-def _fields(path: Path) -> str | None:
+def _fields(path: Path) -> list[str] | None:
     """The fields of a data file's records: a JSON file's first record's, a parquet
-    file's columns; None for text, or a parquet file that cannot be read (named next)."""
+    file's columns; None for text."""
     if BUILDERS[path.suffix] == "json":
         return _first_fields(path)
     if path.suffix == ".parquet":
-        with contextlib.suppress(pa.ArrowException):
-            return ", ".join(pq.read_schema(path).names)
+        return pq.read_schema(path).names
     return None
 
 
-def _first_fields(path: Path, whole: bool | None = None) -> str | None:
+def _first_fields(path: Path, whole: bool | None = None) -> list[str] | None:
     """The fields of a JSON file's first record, the file read as JSON lines
     or as one document (an array; a .json file whose first line is not JSON:
     one object, indented); a UserError naming file and line where it is malformed."""
     # utf-8-sig: a leading byte-order mark (Notepad's) is no part of the first record
     with path.open(encoding="utf-8-sig", errors="replace") as f:
-        if whole is None:
-            whole = f.read(1) == "["
+        if whole is None:  # a .jsonl file's lines may be arrays too
+            whole = path.suffix == ".json" and f.read(1) == "["
             f.seek(0)
         fields = None
         # one document: its line numbers are json's own
@@ -254,13 +253,13 @@ def _first_fields(path: Path, whole: bool | None = None) -> str | None:
                 raise UserError(f"{path}:{number + e.lineno - 1}: "
                                 f"malformed JSON ({e.msg})") from None
             # e.g. a bare string: datasets' error names neither file nor line
-            if not whole and record is not None and not isinstance(record, dict):
+            if not whole and record is not None and not isinstance(record, dict | list):
                 raise UserError(f"{path}:{number}: not a JSON object "
                                 '(each line holds one record, {"text": ...})')
             if isinstance(record, list) and record:
                 record = record[0]
             if fields is None and isinstance(record, dict):
-                fields = ", ".join(record)
+                fields = list(record)
     return fields
 
 

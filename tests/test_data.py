@@ -268,6 +268,8 @@ BAD_SOURCES = {  # file name, its content, the one-line error
                          "{path}:3: malformed JSON"),  # not the next line
     "string.jsonl": ('{"text": "a"}\n"just a string"\n', "{path}:2: not a JSON object \\(each line holds one "
                      "record"),
+    # a .jsonl file's first line an array: its lines are read as lines, not as one document
+    "arrays.jsonl": ('["a", "b"]\n7\n', "{path}:2: not a JSON object"),
     "numbers.jsonl": ('{"text": 1}\n{"text": 2}\n', "{path}: 'text' holds int values, not text"),
     "blanks.jsonl": ('{"text": ""}\n{"text": null}\n', "{path}: has no text"),
     "one.jsonl": ('{"text": "alone"}\n', "{path}: has a single document"),
@@ -297,6 +299,13 @@ def test_a_folder_of_files_with_different_fields_names_two_of_them(tmp_path, str
             write_jsonl(tmp_path / f"{name}.jsonl", rows)
         else:
             pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"{name}.parquet")
+    if kind == "parquet":  # the same columns in another order load fine; a file cut short is named first
+        pq.write_table(pa.Table.from_pylist([{"id": 0, "content": "reordered"}]), tmp_path / "b2.parquet")
+        cut = tmp_path / "c.parquet"
+        cut.write_bytes(b"PAR1 cut short")
+        with pytest.raises(UserError, match=f"^{re.escape(str(cut))}: not a readable parquet"):
+            list(load_texts(str(tmp_path), "train", streaming=streaming))
+        cut.unlink()
     message = f"{tmp_path}: its files hold different fields (a.{kind}: text; b.{kind}: content, id); "
     with pytest.raises(UserError, match="^" + re.escape(message)):
         list(load_texts(str(tmp_path), "train", streaming=streaming))
@@ -367,7 +376,8 @@ def test_a_data_path_that_is_no_source_is_refused(tmp_path, monkeypatch, name, m
 def test_a_folder_mixing_kinds_or_holding_none_is_refused_naming_what_it_found(tmp_path):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / ".hidden.jsonl").write_text('{"text": "a"}\n')
-    nothing = f"{tmp_path}: holds no .jsonl, .json, .txt or .parquet files"
+    nothing = (f"{tmp_path}: holds no .jsonl, .json, .txt or .parquet files (hidden files and folders are "
+               "not read)")
     with pytest.raises(UserError, match=re.escape(nothing)):
         load_texts(str(tmp_path), "train")
     write_jsonl(tmp_path / "a.jsonl", [{"text": "a"}])
@@ -377,18 +387,6 @@ def test_a_folder_mixing_kinds_or_holding_none_is_refused_naming_what_it_found(t
     message = f"{tmp_path}: holds data of several kinds (LICENSE.txt, a.jsonl); keep one kind in a folder"
     with pytest.raises(UserError, match="^" + re.escape(message) + "$"):
         load_texts(str(tmp_path), "train")
-
-
-def test_a_lone_validation_file_is_read_whole_and_not_trained_on(tmp_path):
-    """eval_llm.py --eval_data validation.jsonl scores every document, not every 100th."""
-    path = tmp_path / "validation.jsonl"
-    write_jsonl(path, [{"text": f"document {i}"} for i in range(250)])
-    assert len(load_texts(str(path), "validation")) == 250
-    with pytest.raises(UserError, match="holds validation files but no others to train on"):
-        load_texts(str(path), "train")
-    train = tmp_path / "train.jsonl"  # a file of no split's name is training text, validation held out of it
-    shutil.copy(path, train)
-    assert len(load_texts(str(train), "validation")) == 3
 
 
 def test_a_txt_files_byte_order_mark_is_no_part_of_its_text(tmp_path):

@@ -57,7 +57,7 @@ def test_a_corpus_the_tokenizer_covers_poorly_gets_one_warning(tmp_path, tiny_fl
 
 def test_a_validation_split_too_short_for_a_window_is_named_as_such(tmp_path, tiny_flags):
     """Document 0 of a file is held out (every 100th is): one short line leaves validation a few tokens."""
-    data = tmp_path / "short-first-line.jsonl"
+    data = tmp_path / "short-validation.jsonl"
     lines = ["Hi."] + [f"Line {i} of the plays, long enough to fill the window." * 4 for i in range(1, 60)]
     data.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines), encoding="utf-8")
     with pytest.raises(tp.UserError, match="^the validation split has [0-9]+ tokens, fewer than seq_len"):
