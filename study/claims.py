@@ -154,15 +154,19 @@ def runs_of(folder: Path, variant: str) -> list[dict]:
 
 def side(folder: Path, variant: str) -> Side:
     """The runs of a variant at the lr its folder chose (every run of it where the folder chose none,
-    or trained it at one lr); none while its lr grid waits for a choice (runs at several lrs, or in a
-    folder whose tuning.json has no record of it yet). A claim's folder holds one depth."""
+    or trained it at one lr); none while its lr grid waits for a choice (runs at several lrs, or only on
+    the tune seeds of a folder whose tuning.json has no record of it yet). A claim's folder holds one
+    depth."""
     tuning = folder / "tuning.json"
     records = read_json(tuning) if tuning.is_file() else []
     record = next((t for t in records if t["variant"] == variant), None)
     runs = runs_of(folder, variant)
-    grid = tuning.is_file() or len({r["args"]["learning_rate"] for r in runs}) > 1
-    if record is None and grid:
-        return Side(None, [])  # an lr grid still tuning: which lr counts is not decided
+    tune_seeds = {seed for t in records for seed in t.get("tune_seeds", [])}
+    seeds = {r["seed"] for r in runs}
+    lrs = {r["args"]["learning_rate"] for r in runs}
+    # an lr grid still choosing: which lr counts is not decided
+    if record is None and (len(lrs) > 1 or (len(tune_seeds) > 0 and seeds <= tune_seeds)):
+        return Side(None, [])
     if record is not None and record["chosen_lr"] is not None:
         runs = [r for r in runs if r["args"]["learning_rate"] == record["chosen_lr"]]
     if len({r["args"]["num_hidden_layers"] for r in runs}) > 1:
@@ -304,6 +308,13 @@ def change(claim: dict, results: Path = RESULTS) -> dict:
             "variant_failed": variant_failed, "baseline_failed": baseline_failed}
 
 
+def lr_not_chosen(claim: dict, folder: Path) -> bool:
+    """Whether the folder holds runs of the claim's variant, none of them counted yet: its lr grid's."""
+    if "metric" in claim or not folder.is_dir() or side(folder, claim["variant"]).runs:
+        return False
+    return len(runs_of(folder, claim["variant"])) > 0
+
+
 def not_run(claim: dict, tuning: bool = False) -> dict:
     """The row of a claim whose primary folder holds no runs yet, or (tuning) only its variant's lr
     grid, still choosing."""
@@ -323,8 +334,7 @@ def compute_all(results: Path = RESULTS, claims: list[dict] | None = None) -> li
             continue
         computed = [compute(claim, folder, results) for folder in claim["folders"]]
         if computed[0] is None:  # its primary folder, listed first, holds no runs yet, or a grid's
-            primary = results / claim["primary"]
-            computed[0] = not_run(claim, primary.is_dir() and bool(runs_of(primary, claim["variant"])))
+            computed[0] = not_run(claim, lr_not_chosen(claim, results / claim["primary"]))
         rows += [row for row in computed if row is not None]
     for row in rows:
         row["interim"] = row["primary"] and row["seeds"] < row.get("planned", 0)

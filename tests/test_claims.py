@@ -134,6 +134,16 @@ def test_a_variant_whose_lr_grid_is_still_choosing_has_no_row_whatever_its_grid_
             write_run(folder, "pre-none", seed, 5.0, lr=lr)
         cells.append(write_claims.verdict_cell(claims.compute_all(tmp_path / "results", [claim])[0]))
     assert cells == ["not run yet", "lr not chosen yet", "lr not chosen yet"]
+    # a variant trained at one lr on fresh seeds, by an earlier command without a grid, counts
+    fixed = tmp_path / "results" / "fixed"
+    study(fixed, GAPS)
+    for seed in range(7):
+        write_run(fixed, "pre-none", seed, 5.0 + seed / 100, lr=1e-3)
+    row = claims.compute_all(tmp_path / "results", [post_claim(fixed) | {"variant": "pre-none"}])[0]
+    assert row["seeds"] == 5 and row["verdict"] == "behind"  # its fresh seeds 2-6 against pre's
+    # a variant whose lr is settled but whose baseline has no runs: not run yet
+    alone = post_claim(fixed) | {"variant": "pre-none", "baseline": "peri-rmsnorm"}
+    assert write_claims.verdict_cell(claims.compute_all(tmp_path / "results", [alone])[0]) == "not run yet"
 
 
 def test_each_planned_n_is_the_power_tables_where_a_pilot_gives_one():
