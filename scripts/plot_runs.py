@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     p = ArgumentParser(description=__doc__)
     p.add_argument("runs", nargs="+", metavar="DIR", type=user_path,
                    help="run folders (the trainer's --out_dir) or step folders in them")
-    p.add_argument("--out", default="loss_curves.png",
+    p.add_argument("--out", default="loss_curves.png", type=user_path,
                    help="where the PNG goes (default: loss_curves.png)")
     args = p.parse_args(argv)
     out = Path(args.out)

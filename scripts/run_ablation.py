@@ -66,8 +66,8 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
                    "every grid point; their mean chooses the lr (default: the first two of --seeds)")
     p.add_argument("--tune_lr_for", nargs="+", default=[], type=variant_grid, metavar="VARIANT=LR,LR,...",
                    help="with --tune_lr: a variant's own starting grid, e.g. post-rmsnorm=5e-4,1e-3,2e-3")
-    p.add_argument("--lr_from", type=Path, metavar="STUDY", help="instead of --tune_lr: each variant's lr "
-                   "is the one STUDY/tuning.json records (see above)")
+    p.add_argument("--lr_from", type=user_path, metavar="STUDY", help="instead of --tune_lr: each variant's "
+                   "lr is the one STUDY/tuning.json records (see above)")
     p.add_argument("--report_only", action="store_true", help="report the finished runs, train nothing")
     p.add_argument("--baseline", help="with --tune_lr: the variant each is compared with, one of --variants "
                    "or trained in --out_dir by an earlier command (default: pre-rmsnorm)")
@@ -150,13 +150,14 @@ def parse_args(argv=None) -> tuple[Namespace, Namespace]:
     return own, base
 
 
-def lr_records(study: Path | None, variants: list[str], depths: list[int], tune_lr) -> dict:
+def lr_records(study: str | None, variants: list[str], depths: list[int], tune_lr) -> dict:
     """(variant, depth) -> the tuning.json record of the study that chose its lr, marked with the study."""
     if study is None:
         return {}
     if tune_lr:
         raise UserError("--lr_from takes the lrs another study chose: drop --tune_lr")
-    path = study if study.is_file() else study / "tuning.json"  # the study folder, or its tuning.json
+    given = Path(study)
+    path = given if given.is_file() else given / "tuning.json"  # the study folder, or its tuning.json
     if not path.is_file():
         raise UserError(f"--lr_from {study}: no tuning.json (run_ablation.py --tune_lr writes it)")
     records = read_tuning(path)

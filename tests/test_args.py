@@ -163,6 +163,11 @@ def test_a_path_flag_given_with_an_equals_sign_expands_its_tilde(monkeypatch, tm
     assert (sampled.model_path, sampled.compare, sampled.eval_data) == (
         str(tmp_path / "run"), [str(tmp_path / "a")], str(tmp_path / "v.jsonl"))
     assert run_ablation.parse_args(["--out_dir=~/study"])[0].out_dir == str(tmp_path / "study")
+    (tmp_path / "tuned").mkdir()  # --lr_from reads the study's tuning.json while its flags are parsed
+    (tmp_path / "tuned" / "tuning.json").write_text(
+        '[{"variant": "pre-rmsnorm", "depth": 8, "chosen_lr": 0.004, "tune_seeds": [0, 1]}]')
+    copied = run_ablation.parse_args(["--variants", "pre-rmsnorm", "--lr_from=~/tuned"])[0].lr_from
+    assert copied[("pre-rmsnorm", 8)]["lr_from"] == str(tmp_path / "tuned")
 
 
 def test_more_ranks_on_a_node_than_gpus_is_one_line(monkeypatch):
