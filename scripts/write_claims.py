@@ -44,7 +44,7 @@ def verdict_cell(row: dict) -> str:
 
 
 def p_holm(row: dict) -> str:
-    return "—" if row["p_holm"] is None else f"{row['p_holm']:.2g}"
+    return "—" if row["p_holm"] is None else claims.p_text(row["p_holm"])
 
 
 def claims_table(rows: list[dict], primary_only: bool = False) -> str:

@@ -399,10 +399,16 @@ def seeds_needed(sd: float, effect: float, expected: str, tests: int, power: flo
         n += 1
 
 
+def p_text(p: float) -> str:
+    """A p-value as the pages print it. t_two_sided_p loses p below about 1e-12 to its subtraction (it
+    returns 0), so a p that small is shown as a bound, which holds after Holm's factor too."""
+    return "< 1e-10" if p < 1e-10 else f"{p:.2g}"
+
+
 def cell(s: Stats) -> str:
     """A paired difference as 'mean [CI], p' ('—' with no pair; no CI or p without a df)."""
     if s.mean is None or not math.isfinite(s.mean):
         return "—"
     if s.p is None:
         return f"{s.mean:+.3f}"
-    return f"{s.mean:+.3f} [{s.ci_low:+.3f}, {s.ci_high:+.3f}], p {s.p:.2g}"
+    return f"{s.mean:+.3f} [{s.ci_low:+.3f}, {s.ci_high:+.3f}], p {p_text(s.p)}"
