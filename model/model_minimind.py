@@ -19,6 +19,7 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils.deprecation import deprecate_kwarg
 
 from model.norms import NORM_TYPES, RMSNorm, count_norms, init_norm, make_norm
 
@@ -196,9 +197,9 @@ SWITCHES = (  # one help line each; docs/model.md has the full table
            token="softcap"),
     Switch("dyt_alpha_init", 0.5, "DyT/Derf: every such norm's starting alpha",
            float, allowed=ABOVE_ZERO),
-    Switch("deepnorm_alpha", None, "DeepNorm's skip scale (default (2L)^(1/4))",
+    Switch("deepnorm_alpha", None, "DeepNorm's skip scale (default: (2L)^(1/4))",
            float, allowed=ABOVE_ZERO),
-    Switch("deepnorm_beta", None, "DeepNorm's init scale (default (8L)^(-1/4))",
+    Switch("deepnorm_beta", None, "DeepNorm's init scale (default: (8L)^(-1/4))",
            float, allowed=ABOVE_ZERO),
 )
 SWITCH = {s.name: s for s in SWITCHES}
@@ -563,6 +564,9 @@ class MiniMindModel(MiniMindPreTrainedModel):
         self.rotary_emb = RotaryEmbedding(config)
         self.post_init()
 
+    # the cache's name before transformers 5.24, taken with a warning as Llama takes it:
+    # dropped into **kwargs, it would restart the cache from the new tokens alone
+    @deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")
     def forward(self, input_ids: torch.LongTensor | None = None,
                 attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None,
@@ -587,9 +591,9 @@ class MiniMindModel(MiniMindPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(
                 past_len, past_len + x.shape[1], device=x.device)[None]
-        # cos/sin in q and k's dtype: under autocast the projections' (bf16),
-        # as fp32 tables would promote q and k to fp32 for attention to cast back;
-        # without it the stream's (fp32 exact).
+        # cos/sin in the projections' dtype: under autocast bf16, as fp32 tables
+        # would promote q and k to fp32 for attention to cast back (a QK-norm's
+        # fp32 gain does that anyway); without autocast the stream's (fp32 exact).
         autocast = torch.is_autocast_enabled(x.device.type)
         dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
         rope = self.rotary_emb(position_ids, dtype)
@@ -622,6 +626,7 @@ class MiniMindForCausalLM(MiniMindPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
+    @deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")  # as above
     def forward(self, input_ids: torch.LongTensor | None = None,
                 attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None,

@@ -321,7 +321,11 @@ def edited_corpus(tmp_path, tiny_corpus, tiny_texts) -> Path:
     (["--norm", "layernorm"], "--resume: the checkpoint's model has --norm rmsnorm, not layernorm; pass"),
     (["--num_hidden_layers", "3"], "--resume: the checkpoint's model has --num_hidden_layers 2, not 3; pass"),
     (["--max_steps", "2"], "--resume: the checkpoint is at step 4, past --max_steps 2; pass a larger"),
-], ids=["data", "tokenizer", "must-match flag", "seed", "norm", "depth", "max steps"])
+    # on/off flags take no value: the message must not offer "--sub_norm False"
+    (["--norm_weight_decay"], "--resume: the checkpoint was trained with no --norm_weight_decay, not with"),
+    (["--sub_norm"], "--resume: the checkpoint's model has no --sub_norm, not with it; pass the same"),
+], ids=["data", "tokenizer", "must-match flag", "seed", "norm", "depth", "max steps", "on/off flag",
+        "on/off switch"])
 def test_resume_refuses_what_would_not_continue_the_same_run(flags, refusal, run_copy, run, edited_corpus,
                                                              tiny_corpus, tiny_tokenizer_dir):
     before = snapshot(run_copy)

@@ -414,6 +414,18 @@ def test_kv_cache_decoding_of_a_left_padded_batch_matches_the_full_forward(overr
     assert generated.shape == (2, 14)
 
 
+def test_the_caches_old_name_is_taken_as_cache():
+    """A tutorial written for transformers < 5.24 passes past_key_values=; **kwargs would swallow it and the
+    model would see the new token alone. Taken, with a warning, as Llama takes it."""
+    model = tiny_model()
+    x = ids(seq=6)
+    with torch.no_grad():
+        prefix = model(x[:, :5], use_cache=True)
+        with pytest.warns(FutureWarning, match="past_key_values"):
+            last = model(x[:, 5:], past_key_values=prefix.cache, use_cache=True).logits
+        torch.testing.assert_close(last, model(x).logits[:, 5:], atol=1e-5, rtol=1e-5)
+
+
 def test_initial_loss_is_ln_vocab():
     model = tiny_model(perturb=False, vocab_size=6400)
     x = torch.randint(0, 6400, (4, 64))

@@ -188,8 +188,10 @@ def test_compiled_model_trains_like_eager(tmp_path, tiny_flags, fresh_dynamo):
     assert losses(tmp_path / "compiled") == pytest.approx(losses(tmp_path / "eager"), abs=1e-4)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_or_ctrl_c_saves_the_step_and_resume_finishes_the_run(signum, tmp_path, tiny_flags,
+# a run started with --overwrite is told to resume without it (the two flags exclude each other)
+@pytest.mark.parametrize("signum, first", [(signal.SIGTERM, []), (signal.SIGINT, ["--overwrite"])],
+                         ids=["sigterm", "ctrl-c after --overwrite"])
+def test_sigterm_or_ctrl_c_saves_the_step_and_resume_finishes_the_run(signum, first, tmp_path, tiny_flags,
                                                                       monkeypatch, capsys):
     out = tmp_path / "run"
     argv = [str(a) for a in [*tiny_flags, "--out_dir", out, "--max_steps", 8, "--log_interval", 4,
@@ -201,10 +203,11 @@ def test_sigterm_or_ctrl_c_saves_the_step_and_resume_finishes_the_run(signum, tm
             os.kill(os.getpid(), signum)
         return lr_at(step, *rest)
     monkeypatch.setattr(tp, "lr_at", signalled)
-    tp.main(argv)  # returns: stopping on request is no error
+    tp.main([*argv, *first])  # returns: stopping on request is no error
     closing = capsys.readouterr().out.strip().splitlines()[-1]
     assert closing.startswith("stopped: step 5/8, ") and f"| checkpoint {out / 'step-000005'} |" in closing
-    assert closing.endswith("| next: the same command with --resume continues it")
+    told = "--resume in place of --overwrite" if first else "--resume"
+    assert closing.endswith(f"| next: the same command with {told} continues it")
     stopped = json.loads((out / "summary.json").read_text())
     assert stopped["interrupted"] and stopped["plateaued"] is None  # judged when it finishes
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers

@@ -165,11 +165,13 @@ def train(args, resumed_by: str = Job.resumed_by) -> dict:
         # subnormals (a plateaued run) compute ~7x slower; docs/training.md
         torch.set_flush_denormal(True)
     else:
-        # peak_mem_mb is this run's,
-        # also when one process trains many (the ablation runner)
+        # on CUDA peak_mem_mb is this run's, also when one process trains many
+        # (the ablation runner); on the CPU it is the process's peak so far
         torch.cuda.reset_peak_memory_stats(device)
     # save_pretrained's "Writing model shards" would bury the log
     hf_logging.disable_progress_bar()
+    if args.overwrite and resumed_by == Job.resumed_by:  # the two flags exclude each other
+        resumed_by += " in place of --overwrite"
     job = Job(args, rank, world_size, device, resolve_dtype(args.dtype, device),
               load_tokenizer(args.tokenizer_path), environment(device),
               started=time.perf_counter(), resumed_by=resumed_by)
@@ -290,6 +292,14 @@ def load_step(folder: Path) -> tuple[MiniMindForCausalLM, dict]:
     return model, state
 
 
+def not_given(name: str, saved, given) -> str:
+    """'--name saved, not given'; for an on/off flag, which takes no value,
+    '--name, not without it' or 'no --name, not with it'."""
+    if isinstance(saved, bool):
+        return f"--{name}, not without it" if saved else f"no --{name}, not with it"
+    return f"--{name} {saved}, not {given}"
+
+
 def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
     """Refuse, in one line, a --resume that would not continue the checkpoint's run:
     one whose resolved flags give another value of a MUST_MATCH flag or switch,
@@ -298,15 +308,15 @@ def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
         given = getattr(job.args, name)
         if saved["args"][name] != given:
             raise UserError("--resume: the checkpoint was trained with "
-                            f"--{name} {saved['args'][name]}, not {given}; "
+                            f"{not_given(name, saved['args'][name], given)}; "
                             "pass the same value, or start a new --out_dir")
     arch = job.args.arch
     # None: derived from the other switches, as the checkpoint's was
     for switch in SWITCHES:
         if (arch[switch.name] is not None
                 and arch[switch.name] != getattr(config, switch.name)):
-            raise UserError(f"--resume: the checkpoint's model has --{switch.flag_name} "
-                            f"{getattr(config, switch.name)}, not {arch[switch.name]}; "
+            had = not_given(switch.flag_name, getattr(config, switch.name), arch[switch.name])
+            raise UserError(f"--resume: the checkpoint's model has {had}; "
                             "pass the same, or start a new --out_dir")
     for part in ("tokenizer", "train", "validation"):
         if saved["data"][part] != job.fingerprint[part]:
