@@ -564,7 +564,7 @@ class MiniMindModel(MiniMindPreTrainedModel):
         self.rotary_emb = RotaryEmbedding(config)
         self.post_init()
 
-    # the cache's name before transformers 5.24, taken with a warning as Llama takes it:
+    # the cache's name before transformers 5.24, taken as Llama takes it (with a warning):
     # dropped into **kwargs, it would restart the cache from the new tokens alone
     @deprecate_kwarg("past_key_values", version="5.40.0", new_name="cache")
     def forward(self, input_ids: torch.LongTensor | None = None,

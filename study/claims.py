@@ -400,8 +400,8 @@ def seeds_needed(sd: float, effect: float, expected: str, tests: int, power: flo
 
 
 def p_text(p: float) -> str:
-    """A p-value as the pages print it. t_two_sided_p loses p below about 1e-12 to its subtraction (it
-    returns 0), so a p that small is shown as a bound, which holds after Holm's factor too."""
+    """A p-value as the pages print it. t_two_sided_p loses p near the float's precision to its subtraction
+    (it returns 0 below about 1e-16), so a tiny p is shown as a bound, which holds after Holm's factor too."""
     return "< 1e-10" if p < 1e-10 else f"{p:.2g}"
 
 

@@ -63,7 +63,7 @@ def usable_range(points: list[Point]) -> list[float]:
 
 def t_two_sided_p(t: float, df: int) -> float:
     """P(|T| ≥ |t|) for Student's t with an integer df ≥ 1, in closed form (Abramowitz & Stegun 26.7.3-4):
-    exact, no scipy, and all a paired test needs (df = n − 1). p below ~1e-12 is lost to the subtraction."""
+    exact, no scipy, and all a paired test needs (df = n − 1). p below ~1e-16 is lost to the subtraction."""
     theta = math.atan(abs(t) / math.sqrt(df))
     c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
     for k in range(1, (df - 1) // 2 if df % 2 else df // 2):  # the series' terms beyond the first

@@ -317,7 +317,7 @@ def edited_corpus(tmp_path, tiny_corpus, tiny_texts) -> Path:
                                 "--data_path CORPUS --tokenizer_path TOKENIZER); pass those flags"),
     (["--tokenizer_path", DEFAULT_TOKENIZER_DIR], "--resume: the tokenizer is not the checkpoint's (trained"),
     (["--batch_size", "2"], "--resume: the checkpoint was trained with --batch_size 4, not 2; pass the same"),
-    (["--seed", "1"], "--resume: the checkpoint was trained with --seed 0, not 1; pass the same value"),
+    (["--seed", "1"], "--resume: the checkpoint was trained with --seed 0, not 1; pass the same,"),
     (["--norm", "layernorm"], "--resume: the checkpoint's model has --norm rmsnorm, not layernorm; pass"),
     (["--num_hidden_layers", "3"], "--resume: the checkpoint's model has --num_hidden_layers 2, not 3; pass"),
     (["--max_steps", "2"], "--resume: the checkpoint is at step 4, past --max_steps 2; pass a larger"),
@@ -340,6 +340,14 @@ def test_the_same_data_under_another_name_resumes(run_copy, run, tiny_corpus, tm
     shutil.copy(tiny_corpus, tmp_path / "copy.jsonl")  # compared by its tokens, not by its path
     monkeypatch.chdir(tmp_path)
     assert run(run_copy, "--max_steps", 6, "--resume", "--data_path", "copy.jsonl")["step"] == 6
+
+
+def test_resume_names_a_derived_switch_as_not_given(tmp_path, run):
+    """DeepNorm's scales are derived from the depth unless given: the checkpoint holds none to pass."""
+    run(tmp_path / "run", "--max_steps", 2, "--norm_position", "deepnorm")
+    with pytest.raises(UserError, match=r"model has no --deepnorm_alpha \(derived\), not 2.0; pass the same"):
+        run(tmp_path / "run", "--max_steps", 4, "--resume", "--norm_position", "deepnorm",
+            "--deepnorm_alpha", 2)
 
 
 def test_resume_compares_the_resolved_flags_so_the_same_command_continues(tmp_path, run):

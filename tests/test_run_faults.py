@@ -123,7 +123,8 @@ def test_a_validation_loss_back_at_ln_v_after_learning_stops_the_run_unsaved(fla
     assert [p.name for p in step_folders(tmp_path / "run")] == ["step-000040"]
 
 
-def test_an_update_that_made_weights_non_finite_is_never_saved(flags, monkeypatch, tmp_path):
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]], ids=["", "--overwrite"])
+def test_an_update_that_made_weights_non_finite_is_never_saved(overwrite, flags, monkeypatch, tmp_path):
     """Step 4's update turns a weight into NaN from finite gradients; step 4 saves, unless checked."""
     calls, adamw_step = [], torch.optim.AdamW.step
 
@@ -135,10 +136,11 @@ def test_an_update_that_made_weights_non_finite_is_never_saved(flags, monkeypatc
                 self.param_groups[0]["params"][0].view(-1)[0] = math.nan
     monkeypatch.setattr(torch.optim.AdamW, "step", poisoning_step)
     argv = flags("--max_steps", 6, "--save_interval", 2)
-    message = refusal(argv)
+    message = refusal([*argv, *overwrite])
     assert message.startswith("the loss or the weights became non-finite by step 4: lower --learning_rate, "
                               "raise --warmup_steps or lower --grad_clip; ")
-    assert message.endswith("nothing after step-000002 was saved, and --resume continues from it")
+    resume = "--resume in place of --overwrite" if overwrite else "--resume"  # the two exclude each other
+    assert message.endswith(f"nothing after step-000002 was saved, and {resume} continues from it")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["diverged"] and summary["step"] == 4
     assert [p.name for p in step_folders(summary["out_dir"])] == ["step-000002"]

@@ -297,6 +297,8 @@ def not_given(name: str, saved, given) -> str:
     '--name, not without it' or 'no --name, not with it'."""
     if isinstance(saved, bool):
         return f"--{name}, not without it" if saved else f"no --{name}, not with it"
+    if saved is None:  # derived from the other switches (DeepNorm's scales)
+        return f"no --{name} (derived), not {given}"
     return f"--{name} {saved}, not {given}"
 
 
@@ -309,7 +311,7 @@ def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
         if saved["args"][name] != given:
             raise UserError("--resume: the checkpoint was trained with "
                             f"{not_given(name, saved['args'][name], given)}; "
-                            "pass the same value, or start a new --out_dir")
+                            "pass the same, or start a new --out_dir")
     arch = job.args.arch
     # None: derived from the other switches, as the checkpoint's was
     for switch in SWITCHES:
@@ -654,7 +656,8 @@ def main(argv: list[str] | None = None) -> None:
     summary = train(args)
     if summary["diverged"]:
         kept = checkpoint.newest_up_to(Path(args.out_dir), summary["step"])
-        then = (f"nothing after {kept.name} was saved, and --resume continues from it"
+        resume = "--resume in place of --overwrite" if args.overwrite else "--resume"
+        then = (f"nothing after {kept.name} was saved, and {resume} continues from it"
                 if kept else "no checkpoint was saved: start over with --overwrite")
         clip = "lower --grad_clip" if args.grad_clip else "set --grad_clip (0 is off)"
         raise UserError(f"{summary['divergence']}: lower --learning_rate, "
