@@ -70,13 +70,15 @@ from trainer.evaluation import evaluate
 from trainer.runtime import autocast, pick_device, resolve_dtype
 
 DEFAULT_SEQ_LEN = 256
+DEFAULT_NEW_TOKENS = 100
 
 
 @dataclass(frozen=True)
 class Sampling:
     """How continuations are drawn; the defaults are the CLI's.
     temperature 0 means greedy."""
-    max_new_tokens: int = 100
+    # None: DEFAULT_NEW_TOKENS, or half the model's context where that is less
+    max_new_tokens: int | None = None
     temperature: float = 0.8
     top_p: float = 0.9
     top_k: int = 0
@@ -204,12 +206,13 @@ def generate_text(lm, tokenizer, prompt: str, sampling: Sampling = Sampling(),
     is set.
     The seed is set for every prompt, so a continuation does not depend on earlier ones
     and several checkpoints draw the same random numbers."""
-    ids, seen = encode_prompt(tokenizer, prompt, lm.config.max_position_embeddings,
-                              sampling.max_new_tokens)
+    context = lm.config.max_position_embeddings
+    new_tokens = sampling.max_new_tokens or min(DEFAULT_NEW_TOKENS, context // 2)
+    ids, seen = encode_prompt(tokenizer, prompt, context, new_tokens)
     ids = ids.to(lm.device)
     if stream:  # once the prompt is known to fit: an error or warning comes before it
         print(seen, end="", flush=True)
-    options = {"max_new_tokens": sampling.max_new_tokens,
+    options = {"max_new_tokens": new_tokens,
                "repetition_penalty": sampling.repetition_penalty,
                "do_sample": sampling.temperature > 0,
                "use_cache": not sampling.no_kv_cache}
@@ -255,17 +258,14 @@ def evaluate_split(lm, tokenizer, data_path: str | None = "default",
                         f"of {context} tokens")
     split = prepare_split(data_path, "validation", tokenizer, text_field)
     windows = BatchSampler(split.tokens, batch_size, seq_len, shuffle=False).num_windows
-    # A limit beyond the split's end would wrap around and count windows twice;
-    # the whole split is the most.
-    steps = (max_batches
-             if max_batches is not None and max_batches * batch_size < windows
-             else None)
-    loss = evaluate(lm, split.tokens, batch_size, seq_len, steps, lm.device,
+    if max_batches is not None:  # the whole split is the most evaluate() reads
+        windows = min(windows, max_batches * batch_size)
+    loss = evaluate(lm, split.tokens, batch_size, seq_len, max_batches, lm.device,
                     autocast(lm.device, resolve_dtype("auto", lm.device)), progress)
     # no float holds e^709 (a diverged model)
     ppl = math.exp(loss) if loss < 709 else math.inf
     return {"loss": loss, "ppl": ppl, "bpb": bits_per_byte(loss, split.bytes_per_token),
-            "tokens": (windows if steps is None else steps * batch_size) * seq_len,
+            "tokens": windows * seq_len,
             "seq_len": seq_len}
 
 
@@ -352,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "cut from the left to fit the context")
     gen.add_argument("--max_new_tokens", type=positive_int,
                      default=Sampling.max_new_tokens,
-                     help="tokens to generate: at most the model's context minus 2 "
+                     help=f"tokens to generate (default: {DEFAULT_NEW_TOKENS}, or half the "
+                          "model's context where that is less); at most the context minus 2 "
                           "(bos and one token of the prompt)")
     gen.add_argument("--temperature", type=non_negative, default=Sampling.temperature,
                      help="0 = greedy")

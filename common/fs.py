@@ -19,13 +19,16 @@ from common.cli import UserError
 @contextmanager
 def replaced(path: Path) -> Iterator[Path]:
     """A fresh temporary sibling of path (for a file or a folder) to write into;
-    when the block ends it replaces path, or, if the block raised, it is removed."""
+    when the block ends it replaces path, or, if the block raised, it is removed.
+    A file never replaces a folder: a mistyped --out would delete what it holds."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     remove(tmp)
     try:
         yield tmp
         if path.is_dir() and not path.is_symlink():
+            if not tmp.is_dir():
+                raise UserError(f"{path} is a folder: give a file's path")
             shutil.rmtree(path)  # os.replace renames a folder only onto an empty one
         os.replace(tmp, path)
     finally:

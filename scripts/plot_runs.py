@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> None:
         names = [os.path.relpath(run) for run in runs]
     curves = {}
     for run, name in zip(runs, names, strict=True):
+        if not run.is_dir():  # a typo, or a file such as metrics.jsonl itself
+            raise UserError(f"{run}: no such folder" if not run.exists() else
+                            f"{run}: not a folder; pass a run folder, the trainer's --out_dir")
         metrics = run / "metrics.jsonl"
         records = read_metrics(metrics) if metrics.is_file() else []
         if not any(math.isfinite(r.get("loss", math.nan)) for r in records):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import eval_llm
 from common.cli import UserError, run_cli
 from data import DEFAULT_TOKENIZER_DIR, bits_per_byte, load_tokenizer, prepare_split
-from eval_llm import Sampling, compare, evaluate_split, generate_text, load, main
+from eval_llm import DEFAULT_PROMPTS, Sampling, compare, evaluate_split, generate_text, load, main
 from model import MiniMindConfig, MiniMindForCausalLM
 
 TINY = {"vocab_size": 400, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -264,8 +264,9 @@ def test_bad_input_is_one_error_line(case, trained_run, tiny_tokenizer_dir, tmp_
         "tokenizer too small": (["--model_path", tmp_path / "vocab512", "--tokenizer_path",
                                  tiny_tokenizer_dir], "has 400 tokens but the model's vocabulary has 512; "
                                                       "pass the tokenizer it was trained with"),
-        # the default --max_new_tokens (100) in a 32-token context: refused before the prompt is echoed
-        "no room": (["--model_path", trained_run], "--max_new_tokens 100 leaves no room for the prompt"),
+        # 100 new tokens in a 32-token context: refused before the prompt is echoed
+        "no room": (["--model_path", trained_run, "--max_new_tokens", 100],
+                    "--max_new_tokens 100 leaves no room for the prompt"),
         # the --out_dir's parent, e.g. `out`, given for a run in it
         "the runs' folder": (["--model_path", tmp_path / "runs"], "runs: holds runs, not a checkpoint; "
                              f"pass one of them ({tmp_path / 'runs' / 'a'})"),
@@ -277,6 +278,18 @@ def test_bad_input_is_one_error_line(case, trained_run, tiny_tokenizer_dir, tmp_
     out, err = capsys.readouterr()
     (line,) = err.strip().splitlines()
     assert stopped.value.code == 2 and out == "" and line.startswith("error: ") and expected in line, err
+
+
+def test_the_default_generation_fits_a_short_context(trained_run, tiny_corpus, monkeypatch, capsys):
+    """--max_new_tokens left out: 100, or half the model's context where that is less (16 of this run's 32).
+    A fixed 100 refused every prompt here, and --compare then left the model out of its --eval_data table."""
+    asked = []
+    monkeypatch.setattr(MiniMindForCausalLM, "generate", lambda self, ids, **options: (
+        asked.append(options["max_new_tokens"]) or torch.cat([ids, ids[:, -1:]], 1)))
+    main(["--device", "cpu", "--compare", str(trained_run), "--eval_data", tiny_corpus, "--seq_len", "16"])
+    out, err = capsys.readouterr()
+    assert asked == [16] * len(DEFAULT_PROMPTS) and "left out" not in err  # (long prompts are cut)
+    assert out.strip().splitlines()[-1].split()[:2] == ["rms-pre", "pre-rmsnorm"]
 
 
 def test_a_tokenizer_of_the_same_size_but_other_content_is_refused(trained_run, tiny_tokenizer_dir,

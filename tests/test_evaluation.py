@@ -17,8 +17,8 @@ from trainer.evaluation import evaluate
 
 REPO = Path(__file__).resolve().parents[1]
 # 23 windows of 16 tokens (+ 1 for the last target): not a multiple of 2 ranks x 4 rows, so the shards and
-# the last batches are uneven; 8 steps x 4 rows = 32 windows wrap around the split.
-CASES = {"whole split": None, "wrapping steps": 8, "one step": 1}
+# the last batches are uneven; 8 steps x 4 rows = 32 windows would reach past the split's end.
+CASES = {"whole split": None, "steps past the end": 8, "one step": 1}
 SETUP = """
 import numpy as np, torch
 from model import MiniMindConfig, MiniMindForCausalLM
@@ -66,7 +66,16 @@ def test_sharded_evaluation_matches_one_process(tmp_path):
         alone = evaluate(model, tokens, 4, 16, steps, "cpu", nullcontext())
         # the same windows in other batches: equal up to the float32 rounding of the batched matmuls
         assert r0[name] == pytest.approx(alone, rel=1e-6), name
-    assert len({round(v, 4) for v in r0.values()}) == 3  # the three cases evaluate different text
+    assert r0["steps past the end"] == r0["whole split"] != r0["one step"]
+
+
+def test_steps_past_the_splits_end_read_each_window_once():
+    """Wrapping around would count the first windows twice: the trainer's number would then differ from
+    eval_llm's, which reads a split whole, for a held-out set smaller than --eval_steps x --batch_size."""
+    model, tokens = setup()  # 23 windows; 8 steps x 4 rows = 32
+    whole = evaluate(model, tokens, 4, 16, None, "cpu", nullcontext())
+    assert evaluate(model, tokens, 4, 16, 8, "cpu", nullcontext()) == whole
+    assert evaluate(model, tokens, 4, 16, 5, "cpu", nullcontext()) != whole  # 20 of the 23
 
 
 def test_evaluation_weights_a_short_last_batch_by_its_windows():

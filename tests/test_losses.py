@@ -21,7 +21,8 @@ from trainer.train_pretrain import train
 REFERENCES = Path(__file__).parent / "assets" / "losses"
 CASES = [(variant, optimizer) for optimizer in ("adamw", "muon")
          for variant in ("pre-rmsnorm", "post-rmsnorm", "peri+qk_head-rmsnorm", "nanochat")]
-# Other CPUs' kernels round differently. Against these references (made on an AMX Xeon), on an AMD
+# Other CPUs' kernels round differently (the references are an AMD EPYC's, regenerated there on purpose
+# 2026-11-27 and 2026-11-28, docs/LOG.md). Against the first ones, made on an AMX Xeon, on an AMD
 # EPYC under its native kernels and torch's avx512, avx2 and default ones (docs/testing.md), the
 # largest move of any loss was 1e-6 under AdamW and 3.3e-4 under Muon, whose Newton-Schulz
 # iterations run in bf16. A real change moves some case further: a 1% higher lr every case by 4e-3

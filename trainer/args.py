@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--eval_interval", type=positive_int, default=100,
                      help="steps between evaluations")
     run.add_argument("--eval_steps", type=positive_int, default=20,
-                     help="validation batches per evaluation")
+                     help="validation batches per evaluation (at most the whole split, "
+                          "each window once)")
     run.add_argument("--save_interval", type=positive_int, default=200,
                      help="steps between checkpoints")
     fresh = run.add_mutually_exclusive_group()

@@ -17,13 +17,16 @@ def evaluate(model, tokens, batch_size: int, seq_len: int, steps: int | None,
              device, autocast, progress: bool = False,
              rank: int = 0, world_size: int = 1) -> float:
     """Mean loss per token over consecutive held-out windows, the same text every time:
-    `steps` batches from the start (wrapping around), or each window once;
+    `steps` batches from the start, or each window once (also when `steps` would
+    reach past the split's end: wrapping around would count windows twice);
     under DDP every world_size-th."""
     was_training = model.training
     model.eval()
     sampler = BatchSampler(tokens, batch_size, seq_len, rank=rank,
                            world_size=world_size, shuffle=False)
-    windows = sampler.num_windows if steps is None else steps * batch_size
+    windows = sampler.num_windows
+    if steps is not None and steps * batch_size < windows:
+        windows = steps * batch_size
     mine = len(range(rank, windows, world_size))
     # Summed on the device and read once at the end, not once per batch.
     total = torch.zeros((), dtype=torch.float64, device=device)
