@@ -168,7 +168,8 @@ SWITCHES = (  # one help line each; docs/model.md has the full table
     Switch("norm_position", "pre", "where the norms sit in each block (README's table)",
            choices=NORM_POSITIONS),
     Switch("mix_ln_fraction", 0.25,
-           "Mix-LN: the share of the blocks, from the input, that are Post-Norm",
+           "Mix-LN: the share of the blocks, from the input, that are Post-Norm "
+           "(rounded down: none below 4 layers at 0.25)",
            float, allowed=(lambda v: 0 <= v <= 1, "in [0, 1]")),
     Switch("norm_scaling", "none",
            "depth: block l's input norms times 1/sqrt(l) (LayerNorm Scaling)",
@@ -235,9 +236,11 @@ def config_problem(c: SimpleNamespace, name: Callable[[str], str] = str,
                    training: bool = False) -> str | None:
     """Why these switch values (with_implied's) make no model, in one line naming each
     field through `name` (the trainer passes its flags' names), or None when they do.
-    With `training` (the trainer, the variant names), also refuse a config that builds
-    the same model as another placement: e.g. --norm_position post with --norm none is
+    With `training` (the trainer, the variant names), also refuse a placement that,
+    without norms, builds Pre-Norm's model: --norm_position post with --norm none is
     Pre-Norm's model again, and a study must not train one model under two names.
+    (Mix-LN at a depth that rounds its Post-Norm blocks to none is Pre-Norm's model
+    too, and is kept: a study across depths names the setup, not each depth's model.)
     A checkpoint saved under such a config still loads."""
     for s in SWITCHES:
         value = getattr(c, s.name)
