@@ -26,7 +26,7 @@ from common.cli import UserError
 from data import DEFAULT_TOKENIZER_DIR
 from model import MiniMindForCausalLM
 from trainer import checkpoint
-from trainer.args import parse_args
+from trainer.args import build_parser, parse_args
 from trainer.checkpoint import run_folder
 from trainer.tracking import read_metrics
 from trainer.train_pretrain import train
@@ -96,7 +96,7 @@ def test_a_fresh_run_into_a_used_folder_refuses_and_overwrite_discards_only_the_
     assert (run_copy / "notes.txt").read_text() == "the user's own"
     (run_copy / ".lock").unlink()  # no run of this trainer: its wandb/ and step folders are not ours
     kept = snapshot(run_copy)
-    with pytest.raises(UserError, match=r"^--overwrite: .* is no run of this trainer \(its .lock was not"):
+    with pytest.raises(UserError, match=r"^--overwrite: .* is no run of this trainer \(no .lock that the"):
         run(run_copy, "--max_steps", 2, "--overwrite")
     assert snapshot(run_copy) == kept and not (run_copy / ".lock").exists()
 
@@ -295,7 +295,35 @@ def test_a_step_is_on_disk_before_an_older_one_is_pruned(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "remove", lambda path: done.append(f"remove {path.name}"))
     (tmp_path / "step-000001").mkdir()
     checkpoint.save(tmp_path, 2, lambda folder: (folder / "weights").write_text("w"), keep=1)
-    assert done == ["fsync weights", "fsync .step-000002.tmp", "fsync " + tmp_path.name, "remove step-000001"]
+    assert done == ["fsync weights", "fsync .step-000002.tmp", "fsync " + tmp_path.name,
+                    "remove .step-000001.tmp", "remove .step-000001.tmp"]  # (a leftover first, then it)
+
+
+def test_a_kill_while_pruning_leaves_no_partial_step(tmp_path, monkeypatch):
+    """Deleting a step's files one by one under its name, a kill -9 midway left a step-N folder without
+    its weights or tokenizer, which eval_llm then read by name."""
+    for step in (1, 2):
+        checkpoint.save(tmp_path, step, lambda folder: [(folder / name).write_text(name) for name in "abc"],
+                        keep=2)
+    rmtree = shutil.rmtree
+
+    def killed_midway(path, *args, **kwargs):
+        next(Path(path).iterdir()).unlink()
+        raise KeyboardInterrupt  # (as far as the folder can tell, a kill)
+    monkeypatch.setattr(shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(tmp_path, 3, lambda folder: (folder / "a").write_text("a"), keep=2)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert sorted(p.name for p in checkpoint.step_folders(tmp_path)) == ["step-000002", "step-000003"]
+    assert sorted(p.name for p in (tmp_path / "step-000002").iterdir()) == ["a", "b", "c"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [".step-000001.tmp"]
+
+
+def test_overwrite_clears_what_a_killed_save_left(tmp_path, run):
+    run(tmp_path / "run", "--max_steps", 2)
+    (tmp_path / "run" / ".step-000007.tmp").mkdir()  # a save killed at a step no later save repeats
+    run(tmp_path / "run", "--max_steps", 2, "--overwrite")
+    assert not (tmp_path / "run" / ".step-000007.tmp").exists()
 
 
 @pytest.mark.parametrize("keep", [1, 3])
@@ -334,6 +362,16 @@ def test_resume_refuses_what_would_not_continue_the_same_run(flags, refusal, run
     refusal = refusal.replace("CORPUS", tiny_corpus).replace("TOKENIZER", tiny_tokenizer_dir)
     assert str(err.value).startswith(refusal) and "\n" not in str(err.value)
     assert snapshot(run_copy) == before
+
+
+def test_a_run_on_the_default_data_is_told_to_leave_the_data_flags_out(run_copy, run, edited_corpus):
+    """With no data flag to name, the advice is not "pass those flags"."""
+    for folder in checkpoint.step_folders(run_copy):  # as if trained on the default data and tokenizer
+        state = torch.load(folder / checkpoint.STATE_FILE, weights_only=False)
+        state["args"] |= {"data_path": None, "tokenizer_path": build_parser().get_default("tokenizer_path")}
+        torch.save(state, folder / checkpoint.STATE_FILE)
+    with pytest.raises(UserError, match=r"\(trained with the default data\); leave the data flags out, with"):
+        run(run_copy, "--max_steps", 6, "--resume", "--data_path", edited_corpus)
 
 
 def test_the_same_data_under_another_name_resumes(run_copy, run, tiny_corpus, tmp_path, monkeypatch):

@@ -136,7 +136,7 @@ def fresh_run_problem(out_dir: Path, resume: bool, overwrite: bool,
                 "or choose a new --out_dir")
     if used and not ours:
         return (f"--overwrite: {out_dir} is no run of this trainer "
-                "(its .lock was not written by it), "
+                "(no .lock that the trainer wrote), "
                 "so nothing in it is the trainer's to delete; choose a new --out_dir")
     return None
 
@@ -149,10 +149,12 @@ def start(out_dir: Path, lock: int, resume: bool) -> str:
     if resume and old:
         return old
     if not resume:  # (old is None only where claim() found nothing but .lock)
-        # wandb's [offline-]run-<time>-<id>
+        for folder in step_folders(out_dir):
+            remove_step(folder)
+        # wandb's [offline-]run-<time>-<id>; a step's temporary folder left by a kill
         wandb_runs = (out_dir / "wandb").glob(f"*-{old}")
-        for path in [*step_folders(out_dir), *(out_dir / name for name in RUN_FILES),
-                     *wandb_runs]:
+        for path in [*(out_dir / name for name in RUN_FILES), *wandb_runs,
+                     *out_dir.glob(".step-*.tmp")]:
             remove(path)
     new = uuid.uuid4().hex[:12]
     if old or not os.fstat(lock).st_size:  # another tool's .lock keeps its words
@@ -188,8 +190,17 @@ def save(out_dir: Path, step: int, write: Callable[[Path], None], keep: int) -> 
             fsync(path)
     fsync(final.parent)  # the rename is on disk before any older step goes
     for folder in [p for p in step_folders(out_dir) if step_of(p) < step][keep - 1 :]:
-        remove(folder)
+        remove_step(folder)
     return final
+
+
+def remove_step(folder: Path) -> None:
+    """Delete a step folder whole: renamed out of its name first, so that a kill midway
+    leaves no partial step-N (only the hidden .step-N.tmp a kill during a save leaves)."""
+    hidden = folder.with_name(f".{folder.name}.tmp")
+    remove(hidden)
+    folder.rename(hidden)
+    remove(hidden)
 
 
 def fsync(path: Path) -> None:

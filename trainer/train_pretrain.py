@@ -327,10 +327,11 @@ def check_resumable(job: Job, saved: dict, config: MiniMindConfig) -> None:
             flags = " ".join(f"--{name} {shlex.quote(str(saved['args'][name]))}"
                              for name in DATA_FLAGS
                              if saved["args"][name] != parser.get_default(name))
+            again = ("pass those flags, with the data as it was then" if flags
+                     else "leave the data flags out, with the data as it was then")
             raise UserError(f"--resume: the {what} is not the checkpoint's "
                             f"(trained with {flags or 'the default data'}); "
-                            "pass those flags, with the data as it was then, "
-                            "or start a new --out_dir")
+                            f"{again}, or start a new --out_dir")
     if saved["sampler"][0].get("order") != ORDER:
         raise UserError("--resume: the checkpoint was trained by an older version, "
                         "which drew random windows; "
