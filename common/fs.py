@@ -22,7 +22,7 @@ def replaced(path: Path) -> Iterator[Path]:
     when the block ends it replaces path, or, if the block raised, it is removed.
     A file never replaces a folder: a mistyped --out would delete what it holds."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = temporary(path)
     remove(tmp)
     try:
         yield tmp
@@ -33,6 +33,11 @@ def replaced(path: Path) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         remove(tmp)
+
+
+def temporary(path: Path) -> Path:
+    """The hidden sibling that stands in for path while it is written or deleted."""
+    return path.with_name(f".{path.name}.tmp")
 
 
 def remove(path: Path) -> None:

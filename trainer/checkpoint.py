@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from common.cli import UserError, first_line
-from common.fs import remove, replaced, space_needed
+from common.fs import remove, replaced, space_needed, temporary
 from data.tokenizer import load_tokenizer, tokenizer_fingerprint
 
 # As save() names them, step-{step:06d}:
@@ -197,7 +197,7 @@ def save(out_dir: Path, step: int, write: Callable[[Path], None], keep: int) -> 
 def remove_step(folder: Path) -> None:
     """Delete a step folder whole: renamed out of its name first, so that a kill midway
     leaves no partial step-N (only the hidden .step-N.tmp a kill during a save leaves)."""
-    hidden = folder.with_name(f".{folder.name}.tmp")
+    hidden = temporary(folder)
     remove(hidden)
     folder.rename(hidden)
     remove(hidden)
