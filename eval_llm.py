@@ -173,6 +173,15 @@ def trained_on(path) -> str | None:
     return shlex.quote(data) + (f" --text_field {shlex.quote(field)}" if field != "text" else "")
 
 
+def with_windows_of(path, eval_kwargs: dict) -> dict:
+    """eval_kwargs where --seq_len is not given: the run's own --max_seq_len, the windows of the val loss
+    it printed (None, for a model no run recorded: evaluate_split's default)."""
+    if eval_kwargs["seq_len"]:
+        return eval_kwargs
+    length = (recorded_args(run_folder(path)) or {}).get("max_seq_len")
+    return dict(eval_kwargs, seq_len=length if isinstance(length, int) else None)
+
+
 # a MiniMind model's normalization setup, or another model's type
 def variant_of(config) -> str:
     return norm_variant(config) if config.model_type == "minimind" else config.model_type
@@ -288,7 +297,7 @@ def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu",
             lm, tokenizer = load(path, tokenizer_path, device)
             variant = variant_of(lm.config)
             continuations = [generate_text(lm, tokenizer, p, sampling) for p in prompts]
-            metrics = (evaluate_split(lm, tokenizer, **eval_kwargs)
+            metrics = (evaluate_split(lm, tokenizer, **with_windows_of(path, eval_kwargs))
                        if eval_kwargs is not None else None)
         except UserError as err:
             print(f"warning: left out of the comparison: {err}", file=sys.stderr)
@@ -298,7 +307,7 @@ def compare(paths, prompts, sampling: Sampling = Sampling(), device="cpu",
     if all(r.error for r in results):
         raise UserError("nothing to compare: no model could be loaded and run "
                         "(the warnings above say why)")
-    # by default each model's windows are as long as its context allows (at most 256)
+    # by default a run's windows are those it trained on; another model's, up to 256 tokens
     lengths = {r.name: r.metrics["seq_len"] for r in results if r.metrics}
     if len(set(lengths.values())) > 1:
         each = ", ".join(f"{name} {n}" for name, n in lengths.items())
@@ -383,8 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch_size", type=positive_int, default=8,
                     help="windows per evaluation batch")
     ev.add_argument("--seq_len", type=positive_int,
-                    help="tokens per window "
-                         f"(default: min({DEFAULT_SEQ_LEN}, the model's context))")
+                    help="tokens per window (default: a run's own --max_seq_len; "
+                         f"for another model, min({DEFAULT_SEQ_LEN}, its context))")
     ev.add_argument("--eval_batches", type=positive_int,
                     help="evaluate this many batches (default: all)")
     p.add_argument("--compare", nargs="+", metavar="DIR", type=user_path,
@@ -437,7 +446,7 @@ def main(argv=None) -> None:
 
     lm, tokenizer = load(args.model_path, args.tokenizer_path, device)
     if eval_kwargs is not None:
-        metrics = evaluate_split(lm, tokenizer, **eval_kwargs)
+        metrics = evaluate_split(lm, tokenizer, **with_windows_of(args.model_path, eval_kwargs))
         result = Result(display_name(args.model_path), variant_of(lm.config), [],
                         metrics)
         print(format_metrics_table([result]))

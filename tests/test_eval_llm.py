@@ -195,6 +195,21 @@ def test_eval_data_alone_on_a_run_of_other_data_warns_that_it_measures_the_plays
     assert "warning:" not in capsys.readouterr().err
 
 
+def test_eval_data_on_a_run_gives_the_val_loss_it_printed_over_its_own_windows(
+        trained_run, post_dir, tiny_corpus, monkeypatch, capsys):
+    """A run's windows may be longer than another model's default (a GPU run at --max_seq_len 512):
+    by default eval_llm reads the run's, and its loss is the trainer's last val loss."""
+    monkeypatch.setattr(eval_llm, "DEFAULT_SEQ_LEN", 16)  # below the run's 32
+    summary = json.loads((trained_run / "summary.json").read_text())
+    capsys.readouterr()
+    main(["--device", "cpu", "--model_path", str(trained_run), "--eval_data", tiny_corpus])
+    loss = capsys.readouterr().out.splitlines()[-1].split()[2]
+    assert float(loss) == pytest.approx(summary["val_loss"], abs=5e-5)
+    assert summary["args"]["max_seq_len"] == 32
+    # a model no run recorded: the default, at most its context
+    assert eval_llm.with_windows_of(post_dir, {"seq_len": None})["seq_len"] is None
+
+
 def test_compare_leaves_out_a_model_too_short_for_the_windows_and_warns_of_unequal_ones(
         trained_run, tiny_tokenizer, tiny_corpus, tmp_path, capsys):
     longer = tmp_path / "context64"
