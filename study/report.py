@@ -93,6 +93,16 @@ def lr_grid_cell(record: dict) -> str:
                      for lr, loss, usable in points)
 
 
+def starting_grids(study) -> str:
+    """The lrs each variant's tuning started from: --tune_lr, and the grids --tune_lr_for gives its own."""
+    def listed(lrs):
+        return " ".join(f"{lr:g}" for lr in lrs)
+    own = [f"{variant}: {listed(lrs)}" for variant, lrs in study.tune_lr_for.items()]
+    if all(variant in study.tune_lr_for for variant in study.variants):
+        return "; ".join(own)
+    return "; ".join([listed(study.tune_lr), *own])
+
+
 def fair_table(groups: dict[tuple, list[dict]], tuning: list[dict], baseline: str) -> str:
     """--tune_lr: each (variant, depth) at its chosen lr, with its usable range and its difference against the
     baseline on the fresh seeds, by the claims' statistics (study/claims.py)."""
@@ -202,9 +212,9 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
     text = ["# Normalization ablation", "", describe(environment()) + " Each run's is in results.json.", "",
             f"Seeds: {seeds or none_finished(tuning)}. Values are mean ± SD over seeds of "
             "the final validation loss; a diverged or plateaued run (docs/training.md) is counted in its "
-            "column, not averaged. A run plateaued when its final validation loss is within "
-            f"{evaluation.PLATEAU_MARGIN} nats of a unigram model's{unigram_loss} or no lower than "
-            "its first.", ""]
+            "column, not averaged. A run plateaued when its final validation loss is not at least "
+            f"{evaluation.PLATEAU_MARGIN} nats below a unigram model's{unigram_loss}, or no lower "
+            "than its first.", ""]
     fair = ""
     if tuning is not None:
         write_atomically(out / "tuning.json", json.dumps(tuning, indent=1))
@@ -214,9 +224,9 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
             chose = f"Each variant trains at the lr {source} chose (its tuning.json, copied here)."
         else:
             plot_lr_sensitivity(tuning, out / "lr_sensitivity.png")
-            chose = (f"Each variant trains at the lr of {' '.join(f'{lr:g}' for lr in study.tune_lr)} (grown "
-                     f"×2 or ÷2 past a winning edge up to {lr_tuning.MAX_EXTENSIONS} times; '(edge)': still "
-                     "at one) with the lowest mean final validation loss over the tune seeds "
+            chose = (f"Each variant trains at the lr of its grid ({starting_grids(study)}), grown ×2 or ÷2 "
+                     f"past a winning edge up to {lr_tuning.MAX_EXTENSIONS} times ('(edge)': still at one), "
+                     "with the lowest mean final validation loss over the tune seeds "
                      f"{study.tune_seeds}, where none of them diverged or plateaued.")
         text += ["## Each variant at its own best learning rate", "",
                  f"{chose} Δ is the loss minus {study.baseline}'s on the same seed and CPU type, on "

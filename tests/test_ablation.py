@@ -341,6 +341,9 @@ def test_two_variant_two_seed_study_writes_plots_and_table(study, monkeypatch):
     # 4 steps stay at the unigram loss: the plateaued runs are counted in their column, and their losses,
     # all there is, show marked
     assert all(r["plateaued"] for r in runs)
+    rule = (f"plateaued when its final validation loss is not at least {evaluation.PLATEAU_MARGIN} nats "
+            f"below a unigram model's ({runs[0]['unigram_loss']:.3f}), or no lower than its first.")
+    assert rule in " ".join(table.split())
     marked = re.compile(r"^\| (pre-rmsnorm|post-layernorm) \| 2 \| [\d.]+ ± [\d.]+ \(plateaued\) \|")
     assert len(rows) == 2 and all(marked.match(row) and row.endswith("| 0/2 | 2/2 |") for row in rows)
     # LayerNorm carries a bias as well as a gain; Post-Norm has no final norm (4 norms at 2 layers, not 5)
@@ -438,7 +441,8 @@ def test_a_study_stopped_by_a_signal_says_to_run_its_command_again_and_that_comm
 
 def test_plateau_rule():
     assert not evaluation.plateaued([5.0, 4.0], unigram=5.0)
-    assert evaluation.plateaued([5.0, 4.0], unigram=4.04)  # within 0.05 nats of the unigram model
+    assert evaluation.plateaued([5.0, 4.0], unigram=4.04)  # not 0.05 nats below the unigram model
+    assert evaluation.plateaued([7.8, 7.2], unigram=6.2)  # lower than its first, but above the unigram model
     assert evaluation.plateaued([5.0, 5.0], unigram=6.0)  # no lower than the first
     assert not evaluation.plateaued([4.0], unigram=6.0)  # one evaluation: nothing to compare with
     assert not evaluation.plateaued([], unigram=6.0)
@@ -502,6 +506,7 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
     assert post.startswith(f"| post-rmsnorm | 2 | {report.lr_grid_cell(grid)} | {grid['chosen_lr']:g}")
     assert all(f"{lr:g}: " in post for lr in grid["learning_rates"])
     assert "tune seeds [0]" in table
+    assert "Each variant trains at the lr of its grid (0.001 0.03), grown" in table
     assert re.search(r"\d+ of \d+ runs were trained from a modified tree", table)
 
     # a rerun reuses every run: nothing trains
@@ -523,6 +528,17 @@ def test_tuned_study_picks_per_variant_trains_other_seeds_at_the_choice_and_reru
         study(*fixed, "--report_only")
     assert json.loads((out / "tuning.json").read_text()) == tuning
     assert (out / "results.md").read_text() == report_before
+
+
+def test_the_report_names_the_grid_each_variant_started_from():
+    def grids(*flags):
+        study, _ = run_ablation.parse_args(["--variants", "pre-rmsnorm", "post-rmsnorm",
+                                            "--tune_lr", "1e-3", "2e-3", *flags])
+        return report.starting_grids(study)
+    assert grids() == "0.001 0.002"
+    assert grids("--tune_lr_for", "post-rmsnorm=5e-4,1e-3") == "0.001 0.002; post-rmsnorm: 0.0005 0.001"
+    assert grids("--tune_lr_for", "post-rmsnorm=5e-4,1e-3", "pre-rmsnorm=4e-3,8e-3") == \
+        "post-rmsnorm: 0.0005 0.001; pre-rmsnorm: 0.004 0.008"
 
 
 def test_a_baseline_given_is_one_of_the_variants_or_trained_in_the_folder_at_each_depth(tmp_path):
