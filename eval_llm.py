@@ -59,13 +59,7 @@ from data import (
 )
 from data.corpus import is_embedded
 from model import norm_variant
-from trainer.checkpoint import (
-    STATE_FILE,
-    load_newest,
-    run_folder,
-    step_folders,
-    tokenizer_problem,
-)
+from trainer.checkpoint import load_newest, newest_state, run_folder, tokenizer_problem
 from trainer.evaluation import evaluate
 from trainer.runtime import autocast, pick_device, resolve_dtype
 
@@ -147,17 +141,13 @@ def display_name(path) -> str:
 def recorded_args(run: Path) -> dict | None:
     """The trainer flags a run recorded: in its summary.json once it has ended,
     else (still training, or stopped) in its newest step's training state that loads."""
-    records = [run / "summary.json", *(folder / STATE_FILE for folder in step_folders(run))]
-    for path in records:
-        # none, damaged, or not the trainer's: the next
-        with contextlib.suppress(Exception):
-            if path.suffix == ".json":
-                args = json.loads(path.read_text(encoding="utf-8"))["args"]
-            else:
-                args = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["args"]
-            if isinstance(args, dict):
-                return args
-    return None
+    args = None
+    # none, damaged, or not the trainer's: the training state
+    with contextlib.suppress(Exception):
+        args = json.loads((run / "summary.json").read_text(encoding="utf-8"))["args"]
+    if not isinstance(args, dict):
+        args = (newest_state(run) or {}).get("args")
+    return args if isinstance(args, dict) else None
 
 
 def trained_on(path) -> str | None:

@@ -22,7 +22,7 @@ from study.parallel import Worker, meet, train_in_parallel
 from study.report import read_tuning
 from study.variants import PLACEMENT_DEFAULTS
 from trainer.args import BOOKKEEPING, RunConfig, parse_args
-from trainer.checkpoint import step_folders
+from trainer.checkpoint import newest_state, step_folders
 from trainer.runtime import pick_device
 from trainer.train_pretrain import train
 
@@ -79,10 +79,14 @@ def read_summary(path: Path) -> dict:
 def check_setting(base, study) -> None:
     """Refuse, in one line, a study whose folder holds runs of another setting, before anything
     trains: every run recorded there is checked, on the flags the study's runs share (not on one its
-    record lacks, an older trainer's), and on the hashes of the data and tokenizer."""
+    record lacks, an older trainer's), and on the hashes of the data and tokenizer. A run killed
+    midway has no summary yet: its newest step's training state, which a rerun would continue."""
     folder = Path(study.out_dir)
     summaries = [read_summary(p) for p in sorted(folder.glob("runs/*/summary.json"))]
-    if not summaries:
+    midway = [newest_state(run) for run in sorted(folder.glob("runs/*"))
+              if not (run / "summary.json").exists()]
+    records = summaries + [state for state in midway if state is not None]
+    if not records:
         return
     older = any(batch_order(s) != ORDER for s in summaries)
     if older and not study.report_only:  # a report of them alone mixes nothing
@@ -92,7 +96,7 @@ def check_setting(base, study) -> None:
     tokenizer, *splits = token_splits(base)  # as the trainer records them (train_pretrain.load_data)
     data = {"tokenizer": tokenizer_fingerprint(tokenizer)} | {
         s.split: {"num_tokens": s.num_tokens, "sha256": s.sha256} for s in splits}
-    same_data = all(summary.get("data", data) == data for summary in summaries)
+    same_data = all(record.get("data", data) == data for record in records)
     # the same files under another spelling of their paths
     # (./corpus.jsonl, an absolute path) are the same data
     paths = ("data_path", "tokenizer_path") if same_data else ()
@@ -100,9 +104,10 @@ def check_setting(base, study) -> None:
     # a report of the folder needs its study's own flags: they say which runs are its
     advice = ("repeat the study's own flags" if study.report_only
               else "use a new --out_dir for a different setting")
-    for summary in summaries:
-        # the model's width: a record before the trainer resolved it holds null
-        recorded = summary["args"] | {"hidden_size": summary["hidden_size"]}
+    for record in records:
+        # the model's width: a summary before the trainer resolved it holds null in its args
+        args = record["args"]
+        recorded = args | {"hidden_size": record.get("hidden_size", args["hidden_size"])}
         expected = shared | {"min_lr": capped_min_lr(base, recorded["learning_rate"])}
         if changed := [k for k in expected if k in recorded and recorded[k] != expected[k]]:
             was = " and ".join(f"--{k} {recorded[k]}" for k in changed)

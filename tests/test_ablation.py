@@ -286,6 +286,11 @@ def test_a_finished_run_is_reused_and_a_study_folder_holds_one_setting(study, tm
     (run / "summary.json").write_text(json.dumps(summary)[:40])
     assert refusal().startswith(f"error: {run / 'summary.json'} is damaged (")
     assert refusal().endswith("; delete its run's folder to train the run again")
+    # a run killed midway (kill -9) has no summary yet: its newest step's training state is its record
+    (run / "summary.json").unlink()
+    assert [p.name for p in run.iterdir() if p.name.startswith("step-")] == ["step-000002"]
+    assert refusal("--max_steps", "3") == (f"error: {out} holds runs trained with --max_steps 2, not 3; "
+                                           f"{setting}")
 
 
 def test_a_preset_study_trains_the_presets_shape_under_each_variants_norms(tmp_path, tiny_corpus,
@@ -664,7 +669,7 @@ def test_a_variant_that_trains_at_no_lr_grows_its_grid_both_ways_and_trains_no_o
     report.report(study, plan.groups, plan.tuning)
     assert [t["chosen_lr"] for t in json.loads((tmp_path / "tuning.json").read_text())] == [2e-3, None]
     page = (tmp_path / "results.md").read_text()
-    assert "Seeds: none finished yet." in page and "nan" not in page and "unigram model's or no" in page
+    assert "Seeds: none finished yet." in page and "nan" not in page and "unigram model's, or no" in page
     post = next(line for line in page.splitlines() if line.startswith("| post-rmsnorm |"))
     assert post.endswith("| — | — |")  # no seed trains at no lr: its grid's column says why
     # a study where no grid has an lr that trains says so, not that its seeds are still to come

@@ -256,6 +256,18 @@ def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, objec
     raise UserError(f"{path}: no checkpoint loads ({'; '.join(failures)})")
 
 
+def newest_state(run: Path) -> dict | None:
+    """The training state (flags, data, counters) of the run's newest step that loads;
+    None where none does (no step, or only damaged ones or another tool's)."""
+    for folder in step_folders(run):
+        with contextlib.suppress(Exception):
+            state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True,
+                               mmap=True)
+            if isinstance(state, dict):
+                return state
+    return None
+
+
 def tokenizer_problem(folder: Path, tokenizer) -> str | None:
     """Why tokenizer is not the one the model in folder trained with, by content
     (one of the same size can split text otherwise):
