@@ -251,7 +251,7 @@ def _first_fields(path: Path, whole: bool | None = None) -> list[str] | None:
                 if number == 1 and not whole and path.suffix == ".json":
                     return _first_fields(path, whole=True)
                 raise UserError(f"{path}:{number + e.lineno - 1}: "
-                                f"malformed JSON ({e.msg})") from None
+                                f"malformed JSON ({e.msg}: column {e.colno})") from None
             # e.g. a bare string: datasets' error names neither file nor line
             if not whole and record is not None and not isinstance(record, dict | list):
                 raise UserError(f"{path}:{number}: not a JSON object "

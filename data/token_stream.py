@@ -84,7 +84,9 @@ def _encode(texts, tokenizer, dtype: np.dtype, num_proc: int, streaming: bool,
 
     features = datasets.Features({"ids": datasets.List(datasets.Value(dtype.name)),
                                   "num_bytes": datasets.Value("int64")})
-    options = {} if streaming else {"num_proc": num_proc if num_proc > 1 else None,
+    # datasets warns of more processes than documents (a held-out split of a small file)
+    workers = 1 if streaming else min(num_proc, len(texts))
+    options = {} if streaming else {"num_proc": workers if workers > 1 else None,
                                     "desc": f"tokenizing {split}"}
     return texts.map(encode, batched=True, input_columns="text", remove_columns=["text"],
                      features=features, **options)

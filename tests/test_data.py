@@ -158,6 +158,15 @@ def test_packed_stream_round_trips(tmp_path, tiny_corpus, tiny_tokenizer):
     assert single.sha256 == streamed.sha256 == packed.sha256
 
 
+def test_a_split_of_fewer_documents_than_processes_is_tokenized_without_a_warning(tmp_path, tiny_tokenizer,
+                                                                                   capfd):
+    corpus = tmp_path / "small.jsonl"  # 50 documents: the held-out split is document 0 alone
+    corpus.write_text("".join(json.dumps({"text": f"word {i}"}) + "\n" for i in range(50)))
+    held_out = prepare_split(str(corpus), "validation", tiny_tokenizer, cache_dir=tmp_path, num_proc=2)
+    assert held_out.num_docs == 1
+    assert "num_proc" not in capfd.readouterr().err
+
+
 def test_cache_is_reused_invalidated_and_rebuilt_when_half_written(tmp_path, monkeypatch, tiny_corpus,
                                                                     tiny_tokenizer_dir):
     tokenizer = load_tokenizer(tiny_tokenizer_dir)
@@ -261,9 +270,10 @@ BAD_SOURCES = {  # file name, its content, the one-line error
                   "does not separate them\\)$"),
     # Notepad's byte-order mark: the error still names the malformed line
     "bom.jsonl": ('\ufeff{"text": "a"}\n{"text": oops}\n', "{path}:2: malformed JSON"),
-    "bad.jsonl": ('{"text": "a"}\n{"text": "b"}\n{"text": oops}\n{"text": 1}\n', "{path}:3: malformed JSON"),
+    "bad.jsonl": ('{"text": "a"}\n{"text": "b"}\n{"text": oops}\n{"text": 1}\n',
+                  "{path}:3: malformed JSON \\(Expecting value: column 10\\)"),
     "bad.json": ('[{"text": "a"},\n {"text": b}]\n', "{path}:2: malformed JSON"),
-    "trailing.json": ('[\n {"text": "a"}\n]\n]\n', "{path}:4: malformed JSON \\(Extra data\\)"),
+    "trailing.json": ('[\n {"text": "a"}\n]\n]\n', "{path}:4: malformed JSON \\(Extra data: column 1\\)"),
     "unfinished.jsonl": ('{"text": "a"}\n{"text": "b"}\n{"text": \n{"text": "d"}\n',
                          "{path}:3: malformed JSON"),  # not the next line
     "string.jsonl": ('{"text": "a"}\n"just a string"\n', "{path}:2: not a JSON object \\(each line holds one "

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     data = p.add_argument_group("data")
     data.add_argument("--data_path", type=user_path,
                       help="omit for the embedded plays; "
-                           "a .jsonl/.txt/.parquet file or folder; "
+                           "a .jsonl/.json/.txt/.parquet file or folder; "
                            "or a Hugging Face dataset such as roneneldan/TinyStories")
     data.add_argument("--text_field", default="text",
                       help="the column that holds the text")
