@@ -114,7 +114,7 @@ AREAS = {  # area: the folders and files it owns
 }
 # what each counts (areas, files, or a file and what it imports: "+"), at most this many lines
 TRIPWIRES = {
-    "core": (["core"], 4450),
+    "core": (["core"], 4600),
     "what a training run imports": (["trainer/train_pretrain.py+"], 4050),
     # what a reader follows from the model's formulas to the training step
     "reading path": (["model/model_minimind.py", "model/norms.py", "trainer/train_pretrain.py"], 1575),

@@ -83,6 +83,24 @@ def setup_distributed(device_name: str,
     return dist.get_rank(), world_size, device
 
 
+def on_rank_zero(rank: int, world_size: int, action):
+    """action()'s result on rank 0, None on the others.
+    Under DDP a UserError it raises is raised on every rank:
+    the others would wait for rank 0 at their next collective and die there in a traceback."""
+    result = None
+    refusal = [None]  # what broadcast_object_list fills in
+    if rank == 0:
+        try:
+            result = action()
+        except UserError as err:
+            refusal = [str(err)]
+    if world_size > 1:
+        dist.broadcast_object_list(refusal, src=0)
+    if refusal[0] is not None:
+        raise UserError(refusal[0])
+    return result
+
+
 class StopFlag:
     """While it exists, SIGTERM and SIGINT (Ctrl-C) set `requested`
     instead of killing the process: the loop saves a checkpoint

@@ -175,8 +175,8 @@ def train(args, resumed_by: str = Job.resumed_by) -> dict:
     job = Job(args, rank, world_size, device, resolve_dtype(args.dtype, device),
               load_tokenizer(args.tokenizer_path), environment(device),
               started=time.perf_counter(), resumed_by=resumed_by)
-    lock = (checkpoint.claim(job.out_dir, args.resume, args.overwrite) if job.master
-            else None)
+    lock = runtime.on_rank_zero(rank, world_size, lambda: checkpoint.claim(
+        job.out_dir, args.resume, args.overwrite))
     try:
         with runtime.out_of_memory_in_one_line():
             load_data(job)
