@@ -242,7 +242,8 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
         fresh = {key: [r for r in runs if r["seed"] not in tuned.get(key[:2], [])]
                  for key, runs in groups.items()}
         shown = {key: runs for key, runs in fresh.items() if runs}
-    table = results_table(shown, grid or tuning is not None)
+    # e.g. a tuned study whose fresh seeds are still to train: no table of headers alone
+    table = results_table(shown, grid or tuning is not None) if shown else "No finished run to show yet."
     text += [table, ""]
     if len(depths) > 1:
         lines: dict[str, list[tuple[int, list[dict]]]] = {}

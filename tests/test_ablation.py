@@ -670,6 +670,8 @@ def test_a_variant_that_trains_at_no_lr_grows_its_grid_both_ways_and_trains_no_o
     assert [t["chosen_lr"] for t in json.loads((tmp_path / "tuning.json").read_text())] == [2e-3, None]
     page = (tmp_path / "results.md").read_text()
     assert "Seeds: none finished yet." in page and "nan" not in page and "unigram model's, or no" in page
+    # one table, the lr choices': none of headers alone
+    assert "\nNo finished run to show yet.\n" in page and page.count("| variant | layers |") == 1
     post = next(line for line in page.splitlines() if line.startswith("| post-rmsnorm |"))
     assert post.endswith("| — | — |")  # no seed trains at no lr: its grid's column says why
     # a study where no grid has an lr that trains says so, not that its seeds are still to come
