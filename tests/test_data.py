@@ -287,6 +287,15 @@ BAD_SOURCES = {  # file name, its content, the one-line error
 }
 
 
+def test_a_field_of_records_says_what_a_record_is(tmp_path):
+    """A collection nested in one JSON object: --text_field, as the first error hints, names its list."""
+    path = tmp_path / "nested.json"
+    path.write_text('{"version": 1, "data": [{"text": "a"}, {"text": "b"}]}\n')
+    with pytest.raises(UserError, match=r"'data' holds list values, not text \(a record is one document, its "
+                       r"text a string field: JSON Lines, or a JSON array of such objects\)$"):
+        load_texts(str(path), "train", "data")
+
+
 @pytest.mark.parametrize("streaming", [False, True])  # a streamed source reads (and fails) as it is iterated
 @pytest.mark.parametrize("name", BAD_SOURCES)
 def test_a_bad_source_is_one_line(tmp_path, name, streaming):
