@@ -52,10 +52,12 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"{run}: no such folder" if not run.exists() else
                             f"{run}: not a folder; pass a run folder, the trainer's --out_dir")
         metrics = run / "metrics.jsonl"
-        records = read_metrics(metrics) if metrics.is_file() else []
+        if not metrics.is_file():
+            raise UserError(f"{run}: no metrics.jsonl; pass a run folder, the trainer's --out_dir")
+        records = read_metrics(metrics)
         if not any(math.isfinite(r.get("loss", math.nan)) for r in records):
-            raise UserError(f"{run}: no finite training records (metrics.jsonl); "
-                            "pass a run folder, the trainer's --out_dir")
+            raise UserError(f"{run}: no finite training loss in its metrics.jsonl yet "
+                            "(a run that diverged, or has not logged a step)")
         curves[label(run, name)] = [records]
     out.parent.mkdir(parents=True, exist_ok=True)
     plot_loss_curves(curves, out, title="one line per run")

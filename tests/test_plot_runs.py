@@ -40,8 +40,9 @@ def test_runs_are_drawn_under_their_names_and_variants_and_a_killed_one_draws_wh
 def test_what_cannot_be_drawn_is_one_line(case, trained_run, tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "split": "train", "loss": NaN}\n' * 3)
     argv, message = {
-        "no records": ([tmp_path / "empty"], f"^{tmp_path / 'empty'}: no finite training records"),
-        "no finite loss": ([tmp_path], f"^{tmp_path}: no finite training records .*pass a run folder"),
+        "no records": ([tmp_path / "empty"], f"^{tmp_path / 'empty'}: no metrics.jsonl; pass a run folder"),
+        "no finite loss": ([tmp_path], f"^{tmp_path}: no finite training loss in its metrics.jsonl yet "
+                           "\\(a run that diverged, or has not logged a step\\)$"),
         "given twice": ([trained_run, next(trained_run.glob("step-*"))], "a run is given twice"),
         "not a png": ([trained_run, "--out", tmp_path / "c.pdf"], "the figure is a PNG; name it"),
         "no such folder": ([trained_run, tmp_path / "nope"], f"^{tmp_path / 'nope'}: no such folder$"),
