@@ -341,8 +341,8 @@ def load_texts(data_path: str | None, split: str, text_field: str = "text",
     def has_text(texts: list) -> list[bool]:
         if bad := [t for t in texts if not isinstance(t, str | None)]:
             raise UserError(f"{where}: {text_field!r} holds "
-                            f"{type(bad[0]).__name__} values, not text (a record is one document, "
-                            "its text a string field: JSON Lines, or a JSON array of such objects)")
+                            f"{type(bad[0]).__name__} values, not text (each record is one "
+                            "document, its text a string in --text_field)")
         return [bool(t) for t in texts]
 
     # next(iter(ds)): a streamed dataset is read up to its first row only

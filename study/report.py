@@ -95,8 +95,8 @@ def lr_grid_cell(record: dict) -> str:
 
 def starting_grids(study) -> str:
     """The lrs each variant's tuning started from: --tune_lr, and the grids --tune_lr_for gives its own."""
-    def listed(lrs):
-        return " ".join(f"{lr:g}" for lr in lrs)
+    def listed(lrs):  # as the runner tries them
+        return " ".join(f"{lr:g}" for lr in sorted(lrs))
     own = [f"{variant}: {listed(lrs)}" for variant, lrs in study.tune_lr_for.items()]
     if all(variant in study.tune_lr_for for variant in study.variants):
         return "; ".join(own)
@@ -243,7 +243,8 @@ def report(study, groups: dict[tuple, list[dict]], tuning: list[dict] | None = N
                  for key, runs in groups.items()}
         shown = {key: runs for key, runs in fresh.items() if runs}
     # e.g. a tuned study whose fresh seeds are still to train: no table of headers alone
-    table = results_table(shown, grid or tuning is not None) if shown else "No finished run to show yet."
+    table = (results_table(shown, grid or tuning is not None) if shown
+             else f"Runs shown: {none_finished(tuning)}.")
     text += [table, ""]
     if len(depths) > 1:
         lines: dict[str, list[tuple[int, list[dict]]]] = {}

@@ -107,7 +107,8 @@ def check_setting(base, study) -> None:
     for record in records:
         # the model's width: a summary before the trainer resolved it holds null in its args
         args = record["args"]
-        recorded = args | {"hidden_size": record.get("hidden_size", args["hidden_size"])}
+        width = record["hidden_size"] if "hidden_size" in record else args.get("hidden_size")
+        recorded = args | {"hidden_size": width}
         expected = shared | {"min_lr": capped_min_lr(base, recorded["learning_rate"])}
         if changed := [k for k in expected if k in recorded and recorded[k] != expected[k]]:
             was = " and ".join(f"--{k} {recorded[k]}" for k in changed)

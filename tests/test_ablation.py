@@ -541,6 +541,7 @@ def test_the_report_names_the_grid_each_variant_started_from():
                                             "--tune_lr", "1e-3", "2e-3", *flags])
         return report.starting_grids(study)
     assert grids() == "0.001 0.002"
+    assert grids("--tune_lr_for", "post-rmsnorm=1e-3,5e-4") == "0.001 0.002; post-rmsnorm: 0.0005 0.001"
     assert grids("--tune_lr_for", "post-rmsnorm=5e-4,1e-3") == "0.001 0.002; post-rmsnorm: 0.0005 0.001"
     assert grids("--tune_lr_for", "post-rmsnorm=5e-4,1e-3", "pre-rmsnorm=4e-3,8e-3") == \
         "post-rmsnorm: 0.0005 0.001; pre-rmsnorm: 0.004 0.008"
@@ -671,7 +672,7 @@ def test_a_variant_that_trains_at_no_lr_grows_its_grid_both_ways_and_trains_no_o
     page = (tmp_path / "results.md").read_text()
     assert "Seeds: none finished yet." in page and "nan" not in page and "unigram model's, or no" in page
     # one table, the lr choices': none of headers alone
-    assert "\nNo finished run to show yet.\n" in page and page.count("| variant | layers |") == 1
+    assert "\nRuns shown: none finished yet.\n" in page and page.count("| variant | layers |") == 1
     post = next(line for line in page.splitlines() if line.startswith("| post-rmsnorm |"))
     assert post.endswith("| — | — |")  # no seed trains at no lr: its grid's column says why
     # a study where no grid has an lr that trains says so, not that its seeds are still to come
@@ -680,6 +681,7 @@ def test_a_variant_that_trains_at_no_lr_grows_its_grid_both_ways_and_trains_no_o
     report.report(study, {}, plan.tuning[1:])
     page = (tmp_path / "failed" / "results.md").read_text()
     assert "Seeds: none: no lr of any grid trained on its tune seeds." in page
+    assert "\nRuns shown: none: no lr of any grid trained on its tune seeds.\n" in page
 
 
 def test_lr_from_trains_only_fresh_seeds_at_another_studys_choice(fake_runs, tmp_path):

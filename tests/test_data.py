@@ -291,8 +291,8 @@ def test_a_field_of_records_says_what_a_record_is(tmp_path):
     """A collection nested in one JSON object: --text_field, as the first error hints, names its list."""
     path = tmp_path / "nested.json"
     path.write_text('{"version": 1, "data": [{"text": "a"}, {"text": "b"}]}\n')
-    with pytest.raises(UserError, match=r"'data' holds list values, not text \(a record is one document, its "
-                       r"text a string field: JSON Lines, or a JSON array of such objects\)$"):
+    with pytest.raises(UserError, match=r"'data' holds list values, not text \(each record is one document, "
+                       r"its text a string in --text_field\)$"):
         load_texts(str(path), "train", "data")
 
 

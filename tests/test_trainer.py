@@ -282,19 +282,22 @@ def test_ddp_two_processes_gloo(tmp_path, env, tiny_flags, optimizer):
 
 
 @pytest.mark.slow  # torchrun and two trainer processes
-def test_ddp_an_out_dir_in_use_is_refused_in_one_line_on_every_rank(tmp_path, env, tiny_flags):
-    """Rank 0 holds the folder; its refusal is every rank's, not rank 1's traceback at a broken barrier."""
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "notes.txt").write_text("an earlier run's, or the user's")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           *TRAIN[1:], *tiny_flags, "--max_steps", "2", "--out_dir", str(out)]
-    result = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                            cwd=REPO, timeout=300)
-    refusal = f"error: --out_dir {out} is not empty (an earlier run?); continue it with --resume"
-    assert result.returncode != 0 and result.stderr.count(refusal) == 2, result.stderr[-3000:]
-    assert "[rank1]" not in result.stderr and "RuntimeError" not in result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+def test_ddp_an_out_dir_in_use_or_unwritable_is_one_line(tmp_path, env, tiny_flags):
+    """Rank 0 holds the folder: its refusal is the run's one line, not rank 1's traceback at a broken
+    barrier."""
+    used = tmp_path / "run"
+    used.mkdir()
+    (used / "notes.txt").write_text("an earlier run's, or the user's")
+    (tmp_path / "file").write_text("a file where a folder goes")
+    for out, refusal in ((used, f"error: --out_dir {used} is not empty (an earlier run?); continue it"),
+                         (tmp_path / "file" / "run", f"error: cannot write {tmp_path / 'file' / 'run'}")):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               *TRAIN[1:], *tiny_flags, "--max_steps", "2", "--out_dir", str(out)]
+        result = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                                cwd=REPO, timeout=300)
+        assert result.returncode != 0 and result.stderr.count(refusal) == 1, result.stderr[-3000:]
+        assert "[rank1]" not in result.stderr and "[rank0]" not in result.stderr, result.stderr[-3000:]
+    assert sorted(p.name for p in used.iterdir()) == ["notes.txt"]
 
 
 @pytest.mark.slow  # wandb's online start times out (20 s) before the offline one

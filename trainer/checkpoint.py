@@ -256,15 +256,23 @@ def load_newest(path: Path, load: Callable[[Path], object]) -> tuple[Path, objec
     raise UserError(f"{path}: no checkpoint loads ({'; '.join(failures)})")
 
 
+def read_state(folder: Path) -> dict | None:
+    """A step folder's training state (flags, data, counters) as the trainer wrote it;
+    None where there is none that loads (missing, damaged, or another tool's)."""
+    with contextlib.suppress(Exception):
+        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True,
+                           mmap=True)
+        if isinstance(state, dict) and isinstance(state.get("args"), dict):
+            return state
+    return None
+
+
 def newest_state(run: Path) -> dict | None:
-    """The training state (flags, data, counters) of the run's newest step that loads;
-    None where none does (no step, or only damaged ones or another tool's)."""
+    """The training state of the run's newest step that has one (read_state)."""
     for folder in step_folders(run):
-        with contextlib.suppress(Exception):
-            state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True,
-                               mmap=True)
-            if isinstance(state, dict):
-                return state
+        state = read_state(folder)
+        if state is not None:
+            return state
     return None
 
 
@@ -272,12 +280,8 @@ def tokenizer_problem(folder: Path, tokenizer) -> str | None:
     """Why tokenizer is not the one the model in folder trained with, by content
     (one of the same size can split text otherwise):
     as its training state records it, else its tokenizer.json."""
-    recorded = None
-    # no state, or a damaged or older one: no record
-    with contextlib.suppress(Exception):
-        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True,
-                           mmap=True)
-        recorded = state["data"]["tokenizer"]
+    # no state, or an older one without the data's record: no record
+    recorded = (read_state(folder) or {}).get("data", {}).get("tokenizer")
     if recorded is None and (folder / "tokenizer.json").is_file():
         recorded = tokenizer_fingerprint(load_tokenizer(folder))
     given = tokenizer_fingerprint(tokenizer)

@@ -5,6 +5,7 @@ and the stop flag that turns SIGTERM or Ctrl-C into a save and a clean exit."""
 import atexit
 import os
 import signal
+import sys
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 
@@ -85,19 +86,20 @@ def setup_distributed(device_name: str,
 
 def on_rank_zero(rank: int, world_size: int, action):
     """action()'s result on rank 0, None on the others.
-    Under DDP a UserError it raises is raised on every rank:
-    the others would wait for rank 0 at their next collective and die there in a traceback."""
+    Under DDP, when it fails, rank 0 raises its error (one line, if the user's)
+    and the others exit 2 without a word: else they would wait for rank 0
+    at their next collective and die there in a traceback."""
     result = None
-    refusal = [None]  # what broadcast_object_list fills in
-    if rank == 0:
-        try:
+    failed = [rank == 0]  # until action() returns; broadcast_object_list fills in the others'
+    try:
+        if rank == 0:
             result = action()
-        except UserError as err:
-            refusal = [str(err)]
-    if world_size > 1:
-        dist.broadcast_object_list(refusal, src=0)
-    if refusal[0] is not None:
-        raise UserError(refusal[0])
+            failed = [False]
+    finally:
+        if world_size > 1:
+            dist.broadcast_object_list(failed, src=0)
+    if failed[0]:
+        sys.exit(2)  # rank 0 says why
     return result
 
 
