@@ -166,7 +166,7 @@ def trained_on(path) -> str | None:
 def with_windows_of(path, eval_kwargs: dict) -> dict:
     """eval_kwargs where --seq_len is not given: the run's own --max_seq_len, the windows of the val loss
     it printed (None, for a model no run recorded: evaluate_split's default)."""
-    if eval_kwargs["seq_len"]:
+    if eval_kwargs.get("seq_len"):
         return eval_kwargs
     length = (recorded_args(run_folder(path)) or {}).get("max_seq_len")
     return dict(eval_kwargs, seq_len=length if isinstance(length, int) else None)
